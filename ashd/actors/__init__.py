@@ -1,0 +1,1 @@
+"""Actors (pykka) and the one asyncio↔actor bridge."""

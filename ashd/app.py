@@ -1,0 +1,113 @@
+"""Builds and runs the process: storage → actors → HTTP, and the reverse on stop.
+
+Each step that starts something registers its stop; `stop()` runs them in reverse order and keeps
+going past a failing step, so one broken component never leaves the others running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+from aiohttp import web
+
+from ashd import __version__
+from ashd._bootstrap import ensure_api_keys, prepare_data_dir
+from ashd.config import Settings
+from ashd.http._app import build_app
+from ashd.http._auth import KeyCache
+from ashd.http._ratelimit import RateLimiter
+from ashd.metrics import Metrics
+from ashd.services import Services
+from ashd.storage import Database
+from ashd.storage._apikeys import ApiKeys
+from ashd.storage._crypto import Cipher, load_or_create_key
+
+log = logging.getLogger(__name__)
+StopStep = Callable[[], Awaitable[None]]
+
+
+class Server:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.services: Services | None = None
+        self.app: web.Application | None = None
+        self._stops: list[tuple[str, StopStep]] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start_components(self) -> Services:
+        """Storage and actors; everything but the listening socket (tests use this with their client)."""
+        settings = self.settings
+        data = prepare_data_dir(settings)
+        db = await Database.open(settings.effective_database_url)
+        self._stops.append(("database", db.close))
+        keys = await ApiKeys.open(db)
+        await ensure_api_keys(settings, keys)
+        cipher = Cipher(load_or_create_key(settings.credential_key, data))
+        services = Services(
+            settings=settings,
+            db=db,
+            api_keys=keys,
+            cipher=cipher,
+            key_cache=KeyCache(),
+            rate_limiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
+            metrics=Metrics(),
+        )
+        self.services = services
+        from ashd import runtime  # actors and sandboxes; imported late to keep the CLI light
+
+        for name, stop in await runtime.start(services):
+            self._stops.append((name, stop))
+        self.app = build_app(services)
+        self.app.on_shutdown.append(self._on_shutdown)
+        log.info("ashd components started", extra={
+            "version": __version__, "mode": settings.mode, "database": Database.describe(settings.effective_database_url),
+            "dataDir": str(data),
+        })
+        return services
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        from ashd import runtime
+
+        if self.services is not None:
+            await runtime.drain(self.services)
+
+    async def serve(self) -> None:
+        await self.start_components()
+        assert self.app is not None
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=self.settings.shutdown_grace_seconds)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
+        await site.start()
+        log.info("listening", extra={"host": self.settings.host, "port": self.settings.port})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        while self._stops:
+            name, step = self._stops.pop()
+            try:
+                await step()
+            except Exception:
+                log.exception("stopping %s failed", name)
+        log.info("ashd stopped")
+
+
+async def run(settings: Settings) -> None:
+    server = Server(settings)
+    stop_event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    try:
+        await server.serve()
+        await stop_event.wait()
+        log.info("stop requested; shutting down gracefully")
+    finally:
+        with suppress(Exception):
+            await server.stop()

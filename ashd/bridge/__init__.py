@@ -1,0 +1,5 @@
+"""The in-sandbox bridge: protocol server (`python -m ashd.bridge`), agent engine, tools and MCP.
+
+This package runs inside the sandbox. It never imports aiohttp; the only network it speaks is
+plain HTTP over the model socket (`/run/ashd/model.sock`) through the anthropic SDK.
+"""

@@ -1,0 +1,168 @@
+"""One model call: a streamed Messages API request, assembled into an API message, with retries.
+
+The anthropic client talks plain HTTP over the model socket to the server's model proxy, which
+adds the real API key; the sandbox never holds one. anthropic 2.x wants an `httpx2` client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx2
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES = 3
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 20.0
+_RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class ModelError(Exception):
+    """A model call failed for good; the message is meant for a person."""
+
+
+def make_client(model_socket: str | None, base_url: str = "http://model-proxy") -> anthropic.AsyncAnthropic:
+    transport = httpx2.AsyncHTTPTransport(uds=model_socket) if model_socket else None
+    http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
+    # The proxy replaces this key with the session's real credential.
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key="sandbox-no-key", http_client=http, max_retries=0)
+
+
+@dataclass
+class CallResult:
+    message: dict[str, Any]
+    api_ms: float
+
+
+class _Assembler:
+    """Builds the final API message from raw stream events."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {}
+        self._json: dict[int, str] = {}
+
+    def feed(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        if kind == "message_start":
+            self.message = dict(ev["message"])
+            self.message["content"] = []
+        elif kind == "content_block_start":
+            block = dict(ev["content_block"])
+            if block.get("type") == "tool_use":
+                self._json[ev["index"]] = ""
+            self.message["content"].append(block)
+        elif kind == "content_block_delta":
+            block = self.message["content"][ev["index"]]
+            delta = ev["delta"]
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                block["text"] = block.get("text", "") + delta["text"]
+            elif dtype == "input_json_delta":
+                self._json[ev["index"]] = self._json.get(ev["index"], "") + delta["partial_json"]
+            elif dtype == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            elif dtype == "signature_delta":
+                block["signature"] = block.get("signature", "") + delta["signature"]
+        elif kind == "content_block_stop":
+            idx = ev["index"]
+            if idx in self._json:
+                raw = self._json.pop(idx)
+                self.message["content"][idx]["input"] = json.loads(raw) if raw.strip() else {}
+        elif kind == "message_delta":
+            self.message.update({k: v for k, v in ev.get("delta", {}).items() if k in ("stop_reason", "stop_sequence")})
+            usage = dict(self.message.get("usage") or {})
+            usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
+            self.message["usage"] = usage
+
+
+def _retry_after(exc: anthropic.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, anthropic.APIStatusError):
+        body = exc.body
+        detail = body.get("error", {}).get("message") if isinstance(body, dict) else None
+        return str(detail or exc.message)
+    return str(exc) or type(exc).__name__
+
+
+def _final_error(exc: Exception, attempts: int) -> ModelError:
+    retried = f" after {attempts - 1} retries" if attempts > 1 else ""
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        if status == 401:
+            return ModelError(
+                "model API rejected the API key (401): check the session credential or ANTHROPIC_API_KEY"
+            )
+        label = {
+            429: "rate limited",
+            529: "overloaded",
+            403: "refused the request (permission denied)",
+            404: "does not know this model or endpoint",
+            400: "rejected the request as invalid",
+            413: "rejected the request as too large",
+        }.get(status, "failed" if status >= 500 else "rejected the request")
+        return ModelError(f"model API {label} ({status}){retried}: {_describe(exc)}")
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ModelError(f"model API timed out{retried}: the model proxy did not answer in time")
+    return ModelError(f"could not reach the model API{retried}: {_describe(exc)}")
+
+
+def _retryable(exc: Exception) -> bool:
+    if isinstance(exc, anthropic.APIStatusError):
+        return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
+    return isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError)
+
+
+async def call_model(
+    client: anthropic.AsyncAnthropic,
+    params: dict[str, Any],
+    *,
+    betas: list[str],
+    on_event: OnEvent | None,
+    max_retries: int = MAX_RETRIES,
+) -> CallResult:
+    """Stream one request; `on_event` gets each raw event dict (for stream_event messages)."""
+    headers = {"anthropic-beta": ",".join(betas)} if betas else None
+    attempt = 0
+    while True:
+        attempt += 1
+        started = time.monotonic()
+        emitted = False
+        try:
+            asm = _Assembler()
+            stream = await client.messages.create(**params, stream=True, extra_headers=headers)
+            async with stream:
+                async for event in stream:
+                    raw = event.to_dict()
+                    asm.feed(raw)
+                    if on_event is not None:
+                        emitted = True
+                        await on_event(raw)
+            if not asm.message:
+                raise ModelError("model API returned an empty stream (no message_start)")
+            return CallResult(asm.message, (time.monotonic() - started) * 1000)
+        except (anthropic.APIError, httpx2.TransportError) as exc:
+            # Events already forwarded cannot be taken back: retry only clean failures.
+            if attempt > max_retries or emitted or not _retryable(exc):
+                raise _final_error(exc, attempt) from exc
+            delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
+            if isinstance(exc, anthropic.APIStatusError):
+                delay = min(_retry_after(exc) or delay, BACKOFF_MAX_S * 3)
+            log.warning("model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay)
+            await asyncio.sleep(delay)

@@ -1,0 +1,151 @@
+"""Bridge protocol v1: newline-delimited JSON frames over a Unix stream socket.
+
+Shared by the bridge (inside the sandbox) and the server's bridge client. The authoritative
+description is `docs/protocol.md`. Both readers ignore unknown fields; frames are capped at
+`MAX_FRAME_BYTES` (the terminating newline included).
+
+The reader works on a raw non-blocking socket and only calls `recv` when its caller asks for the
+next frame, so a consumer that stops asking stops reading the kernel buffer: that is what carries
+backpressure from a slow SSE client back to the agent engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+_RECV_CHUNK = 64 * 1024
+
+# server -> bridge
+HELLO = "hello"
+INIT = "init"
+QUERY = "query"
+INTERRUPT = "interrupt"
+EXEC = "exec"
+SHUTDOWN = "shutdown"
+PING = "ping"
+COMMAND_TYPES = frozenset({HELLO, INIT, QUERY, INTERRUPT, EXEC, SHUTDOWN, PING})
+
+# bridge -> server
+READY = "ready"
+INIT_OK = "init_ok"
+MESSAGE = "message"
+ERROR = "error"
+DONE = "done"
+LOG = "log"
+EXEC_RESULT = "exec_result"
+PONG = "pong"
+EVENT_TYPES = frozenset({READY, INIT_OK, MESSAGE, ERROR, DONE, LOG, EXEC_RESULT, PONG})
+
+Frame = dict[str, Any]
+
+
+class ProtocolError(Exception):
+    """A frame could not be encoded or decoded."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame exceeds MAX_FRAME_BYTES; on read, the oversized line has been discarded."""
+
+
+def encode(frame: Frame) -> bytes:
+    """One frame as bytes, newline included. Raises FrameTooLarge or ProtocolError."""
+    if not isinstance(frame.get("type"), str):
+        raise ProtocolError("a frame needs a string 'type'")
+    try:
+        data = json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"frame is not JSON-serialisable: {exc}") from exc
+    if len(data) > MAX_FRAME_BYTES:
+        raise FrameTooLarge(f"frame of {len(data)} bytes exceeds the {MAX_FRAME_BYTES} byte cap")
+    return data
+
+
+def decode(line: bytes | str) -> Frame:
+    """One line (with or without its newline) to a frame dict. Raises ProtocolError."""
+    if len(line) > MAX_FRAME_BYTES:
+        raise FrameTooLarge(f"frame of {len(line)} bytes exceeds the {MAX_FRAME_BYTES} byte cap")
+    try:
+        value = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ProtocolError("a frame must be a JSON object with a string 'type'")
+    return value
+
+
+def make(type_: str, **fields: Any) -> Frame:
+    """Build a frame, leaving out fields whose value is None."""
+    frame: Frame = {"type": type_}
+    frame.update({k: v for k, v in fields.items() if v is not None})
+    return frame
+
+
+class FrameReader:
+    """Reads frames from a connected non-blocking stream socket, one `recv` at a time."""
+
+    def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+        self._max = max_frame
+        self._discarding = False
+        self.eof = False
+
+    async def read(self) -> Frame | None:
+        """The next frame, or None at EOF. Raises FrameTooLarge (line skipped) or ProtocolError."""
+        loop = asyncio.get_running_loop()
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[: nl + 1])
+                del self._buf[: nl + 1]
+                if self._discarding:
+                    self._discarding = False
+                    raise FrameTooLarge(f"frame exceeds the {self._max} byte cap; it was discarded")
+                if len(line) > self._max:
+                    raise FrameTooLarge(f"frame of {len(line)} bytes exceeds the {self._max} byte cap")
+                if line.strip():
+                    return decode(line)
+                continue
+            if len(self._buf) > self._max:
+                # Keep memory bounded: drop what we have and skip to the end of this line.
+                self._discarding = True
+                self._buf.clear()
+            if self.eof:
+                return None
+            chunk = await loop.sock_recv(self._sock, _RECV_CHUNK)
+            if not chunk:
+                self.eof = True
+                if self._buf.strip() and not self._discarding:
+                    line = bytes(self._buf)
+                    self._buf.clear()
+                    return decode(line)
+                return None
+            self._buf += chunk
+
+
+class FrameWriter:
+    """Writes whole frames; each `write` returns once the frame sits in the kernel send buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = asyncio.Lock()
+
+    async def write(self, frame: Frame) -> None:
+        data = encode(frame)
+        async with self._lock:
+            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+
+
+def shrink_buffers(sock: socket.socket, size: int = 32 * 1024) -> None:
+    """Small kernel buffers so that backpressure shows within a few frames, not megabytes."""
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        except OSError:
+            pass

@@ -1,0 +1,270 @@
+"""Every setting of ashd: name, type, default and meaning, declared once and validated at start.
+
+Values come from the process environment (`SERVICE_*`, plus the standard `ANTHROPIC_BASE_URL` and
+`ANTHROPIC_API_KEY`). A bad value raises ConfigError naming the variable and what it accepts; an
+unknown `SERVICE_*` variable is reported with the closest known name, since a typo would otherwise
+silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ashd.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Option:
+    env: str
+    attr: str
+    kind: str  # human name of the accepted values, used in errors and the README table
+    default: Any
+    help: str
+    parse: Callable[[str], Any]
+    secret: bool = False
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(raw)
+
+
+def _int_min(lo: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw.strip())
+        if value < lo:
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+def _float_pos(raw: str) -> float:
+    value = float(raw.strip())
+    if not value > 0:
+        raise ValueError(raw)
+    return value
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in allowed:
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+def _port(raw: str) -> int:
+    value = int(raw.strip())
+    if not 0 <= value <= 65535:
+        raise ValueError(raw)
+    return value
+
+
+def _text(raw: str) -> str:
+    return raw.strip()
+
+
+def _opt_text(raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _db_url(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if not value.startswith(("sqlite", "postgres", "postgresql")):
+        raise ValueError(raw)
+    return value
+
+
+def _snapshot_url(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if not value.startswith(("s3://", "file://")):
+        raise ValueError(raw)
+    return value
+
+
+def _http_url(raw: str) -> str | None:
+    value = raw.strip().rstrip("/")
+    if not value:
+        return None
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(raw)
+    return value
+
+
+OPTIONS: tuple[Option, ...] = (
+    # --- the interface's names ---
+    Option("SERVICE_MODE", "mode", "`standalone` or `coordinator`", "standalone",
+           "Run a local sandbox pool (standalone) or route sessions to registered runners (coordinator).",
+           _choice("standalone", "coordinator")),
+    Option("SERVICE_DATABASE_URL", "database_url", "SQLAlchemy URL (`sqlite…` or `postgresql://…`)", None,
+           "Database. Default: SQLite in WAL mode at `<data dir>/ashd.db`. "
+           "`postgresql://user@host/db` uses asyncpg; required for several coordinators.", _db_url),
+    Option("SERVICE_API_KEY", "api_key", "string", None,
+           "An API key for tenant `default`. Without it (and with no key stored) the first start "
+           "generates one into `<data dir>/initial-api-key`.", _opt_text, secret=True),
+    Option("SERVICE_INTERNAL_SECRET", "internal_secret", "string", None,
+           "Bearer secret for every `/api/internal/*` endpoint. Required in coordinator mode.",
+           _opt_text, secret=True),
+    Option("SERVICE_MAX_SANDBOXES", "max_sandboxes", "integer ≥ 1", None,
+           "Pool capacity. Default: host memory / per-sandbox memory limit, capped at 1000.", _int_min(1)),
+    Option("SERVICE_SNAPSHOT_URL", "snapshot_url", "`s3://bucket/prefix` or `file:///path`", None,
+           "Where workspace snapshots are also stored (local snapshots are always kept under the data dir).",
+           _snapshot_url),
+    Option("SERVICE_DEBUG_TIMING", "debug_timing", "boolean", False,
+           "Write a `timing` JSON line per message on stderr.", _bool),
+    Option("SERVICE_RUNNER_ID", "runner_id", "string", None, "Runner mode: this runner's id.", _opt_text),
+    Option("SERVICE_SERVER_URL", "server_url", "http(s) URL", None,
+           "Runner mode: the coordinator (or its load balancer) to register with.", _http_url),
+    Option("SERVICE_RUNNER_PORT", "runner_port", "port", 4200, "Runner mode: port of the runner API.", _port),
+    Option("SERVICE_RUNNER_ADVERTISE_HOST", "runner_advertise_host", "host name or address", None,
+           "Runner mode: host the coordinator should use to reach this runner.", _opt_text),
+    # --- ashd's own ---
+    Option("SERVICE_HOST", "host", "address", "0.0.0.0", "Address the HTTP server binds.", _text),
+    Option("SERVICE_PORT", "port", "port", 4100, "Port the HTTP server binds.", _port),
+    Option("SERVICE_DATA_DIR", "data_dir", "path", "./data",
+           "Database, generated keys, agents, sandboxes and snapshots live here.", _text),
+    Option("SERVICE_LOG_LEVEL", "log_level", "`debug` `info` `warning` `error`", "info",
+           "Minimum level of the JSON log lines on stderr.", _choice("debug", "info", "warning", "error")),
+    Option("SERVICE_RATE_LIMIT_RPS", "rate_limit_rps", "number > 0", 50.0,
+           "Sustained requests per second allowed per API key (token bucket refill rate).", _float_pos),
+    Option("SERVICE_RATE_LIMIT_BURST", "rate_limit_burst", "integer ≥ 1", 100,
+           "Requests an API key may make in a burst (token bucket size).", _int_min(1)),
+    Option("SERVICE_IDLE_TIMEOUT_SECONDS", "idle_timeout_seconds", "integer ≥ 1", 1800,
+           "A session idle this long is snapshotted, its sandbox stopped and the session paused.", _int_min(1)),
+    Option("SERVICE_CREDENTIAL_KEY", "credential_key", "64 hex chars or base64 of 32 bytes", None,
+           "AES-256-GCM key for stored credentials. Default: generated once into "
+           "`<data dir>/credential-key` (mode 0600).", _opt_text, secret=True),
+    Option("SERVICE_SANDBOX_MEMORY_MB", "sandbox_memory_mb", "integer ≥ 32", 512,
+           "Memory limit of one sandbox (cgroup), in MiB.", _int_min(32)),
+    Option("SERVICE_SANDBOX_PIDS", "sandbox_pids", "integer ≥ 8", 256,
+           "Maximum processes and threads in one sandbox (cgroup pids).", _int_min(8)),
+    Option("SERVICE_SANDBOX_CPU", "sandbox_cpu", "number > 0 (cores)", 1.0,
+           "CPU limit of one sandbox, in cores (cgroup cpu quota).", _float_pos),
+    Option("SERVICE_SANDBOX_NETWORK", "sandbox_network", "boolean", False,
+           "Give every sandbox ordinary network access. Off: no network; the model is reached "
+           "through the server. Agents and sessions can opt in one by one.", _bool),
+    Option("SERVICE_ALLOW_WEAK_ISOLATION", "allow_weak_isolation", "boolean", False,
+           "Start even where bubblewrap or cgroups are missing (sandboxes are then plain child "
+           "processes). Reported at start and in /health.", _bool),
+    Option("SERVICE_PREWARM", "prewarm", "integer ≥ 0", 2,
+           "Generic sandboxes kept started and ready to be claimed by new sessions.", _int_min(0)),
+    Option("SERVICE_ZYGOTE", "zygote", "boolean", True,
+           "Start sandboxes from a fork server that has the bridge imported (milliseconds instead of "
+           "about 1.5 s per cold sandbox).", _bool),
+    Option("SERVICE_SETUP_TIMEOUT_SECONDS", "setup_timeout_seconds", "integer ≥ 1", 300,
+           "Time allowed for `package.json` installation and for `setup.sh`, each.", _int_min(1)),
+    Option("SERVICE_ACTOR_TIMEOUT_SECONDS", "actor_timeout_seconds", "number > 0", 60.0,
+           "Longest wait for an internal component to answer before the request fails with 503.", _float_pos),
+    Option("SERVICE_MAX_BODY_BYTES", "max_body_bytes", "integer ≥ 1024", 20 * 1024 * 1024,
+           "Largest request body accepted (413 above it).", _int_min(1024)),
+    Option("SERVICE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "number > 0", 10.0,
+           "Time running turns get to finish at a graceful stop.", _float_pos),
+    Option("ANTHROPIC_BASE_URL", "anthropic_base_url", "http(s) URL", "https://api.anthropic.com",
+           "Model API the server forwards sandbox model traffic to.", _http_url),
+    Option("ANTHROPIC_API_KEY", "anthropic_api_key", "string", None,
+           "Server-wide model API key, used when a session has no credential.", _opt_text, secret=True),
+)
+
+_BY_ENV = {o.env: o for o in OPTIONS}
+# Variables that are not options but are legitimately set by tooling or tests.
+_KNOWN_EXTRA = frozenset({"SERVICE_TEST_POSTGRES_URL"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "standalone"
+    database_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    internal_secret: str | None = field(default=None, repr=False)
+    max_sandboxes: int | None = None
+    snapshot_url: str | None = None
+    debug_timing: bool = False
+    runner_id: str | None = None
+    server_url: str | None = None
+    runner_port: int = 4200
+    runner_advertise_host: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 4100
+    data_dir: str = "./data"
+    log_level: str = "info"
+    rate_limit_rps: float = 50.0
+    rate_limit_burst: int = 100
+    idle_timeout_seconds: int = 1800
+    credential_key: str | None = field(default=None, repr=False)
+    sandbox_memory_mb: int = 512
+    sandbox_pids: int = 256
+    sandbox_cpu: float = 1.0
+    sandbox_network: bool = False
+    allow_weak_isolation: bool = False
+    prewarm: int = 2
+    zygote: bool = True
+    setup_timeout_seconds: int = 300
+    actor_timeout_seconds: float = 60.0
+    max_body_bytes: int = 20 * 1024 * 1024
+    shutdown_grace_seconds: float = 10.0
+    anthropic_base_url: str | None = "https://api.anthropic.com"
+    anthropic_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser().resolve()
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_path / 'ashd.db'}"
+
+    def with_(self, **changes: Any) -> Settings:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return Settings(**values)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for opt in OPTIONS:
+        raw = env.get(opt.env)
+        if raw is None:
+            continue
+        try:
+            values[opt.attr] = opt.parse(raw)
+        except ValueError:
+            shown = "(hidden)" if opt.secret else repr(raw)
+            problems.append(f"{opt.env}={shown} is not valid: it accepts {opt.kind}")
+    for name in env:
+        if name.startswith("SERVICE_") and name not in _BY_ENV and name not in _KNOWN_EXTRA:
+            close = difflib.get_close_matches(name, list(_BY_ENV), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            problems.append(f"{name} is not a known setting{hint}")
+    settings = Settings(**values)
+    if settings.mode == "coordinator" and not settings.internal_secret:
+        problems.append("SERVICE_INTERNAL_SECRET must be set when SERVICE_MODE=coordinator")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return settings
+
+
+def options_markdown() -> str:
+    """The README's configuration table, generated so it never drifts from the code."""
+    rows = ["| variable | accepts | default | meaning |", "|---|---|---|---|"]
+    for opt in OPTIONS:
+        default = "—" if opt.default is None else f"`{opt.default}`"
+        rows.append(f"| `{opt.env}` | {opt.kind} | {default} | {opt.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""HTTP front end (aiohttp): routes per resource, auth, errors, SSE, OpenAPI."""

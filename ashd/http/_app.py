@@ -1,0 +1,45 @@
+"""Builds the aiohttp application: middlewares, routes, state under typed keys."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ashd.http import _health
+from ashd.http._auth import auth_middleware
+from ashd.http._errors import error_middleware
+from ashd.http._keys import SERVICES
+from ashd.services import Services
+
+# Route modules register themselves here; each exposes a `routes` RouteTableDef.
+ROUTE_MODULES: list[str] = [
+    "ashd.http._health",
+    "ashd.http._apikeys",
+    "ashd.http._agents",
+    "ashd.http._credentials",
+    "ashd.http._sessions",
+    "ashd.http._session_stream",
+    "ashd.http._session_files",
+    "ashd.http._usage",
+    "ashd.http._internal",
+    "ashd.http._docs",
+]
+
+
+def build_app(services: Services) -> web.Application:
+    import importlib
+
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware],
+        client_max_size=services.settings.max_body_bytes,
+    )
+    app[SERVICES] = services
+    for name in ROUTE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a route module not written yet
+                continue
+            raise
+        app.add_routes(module.routes)
+    assert _health.routes
+    return app

@@ -1,0 +1,96 @@
+"""Authentication: API keys for /api/*, the internal secret for /api/internal/*, rate limits.
+
+Verified keys are cached for a few seconds so a request does not pay a database round trip; a key
+deleted on this server stops working at once, one deleted through another coordinator within
+`_CACHE_TTL` seconds.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from aiohttp import web
+from aiohttp.web_middlewares import Handler
+
+from ashd.errors import RateLimited, Unauthorized
+from ashd.http._keys import KEY_ID, SERVICES, TENANT
+from ashd.http._ratelimit import RateLimiter
+from ashd.storage._apikeys import KeyIdentity
+
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/openapi.json"})
+PUBLIC_PREFIXES = ("/docs/",)
+_CACHE_TTL = 5.0
+_CACHE_MAX = 10_000
+
+
+class KeyCache:
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[float, KeyIdentity]] = {}
+
+    def get(self, key: str) -> KeyIdentity | None:
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        if hit[0] < time.monotonic():
+            del self._entries[key]
+            return None
+        return hit[1]
+
+    def put(self, key: str, identity: KeyIdentity) -> None:
+        if len(self._entries) >= _CACHE_MAX:
+            self._entries.clear()
+        self._entries[key] = (time.monotonic() + _CACHE_TTL, identity)
+
+    def forget(self, key_id: str) -> None:
+        for key, (_, ident) in list(self._entries.items()):
+            if ident.key_id == key_id:
+                del self._entries[key]
+
+
+def bearer(request: web.Request) -> str:
+    header = request.headers.get("Authorization")
+    if header is None:
+        raise Unauthorized("Missing Authorization header")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("Invalid Authorization header format")
+    return token
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES) or not path.startswith("/api/")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    path = request.path
+    if is_public(path):
+        return await handler(request)
+    services = request.app[SERVICES]
+    if path.startswith("/api/internal/"):
+        secret = services.settings.internal_secret
+        if secret is not None:
+            token = bearer(request)
+            if not hmac.compare_digest(token.encode(), secret.encode()):
+                raise Unauthorized("Invalid internal secret")
+        return await handler(request)
+    token = bearer(request)
+    identity = services.key_cache.get(token)
+    if identity is None:
+        identity = await services.api_keys.verify(token)
+        if identity is None:
+            raise Unauthorized("Invalid API key")
+        services.key_cache.put(token, identity)
+    limiter: RateLimiter = services.rate_limiter
+    wait = limiter.take(identity.key_id)
+    if wait > 0:
+        raise RateLimited(
+            f"Rate limit exceeded for this API key ({limiter.rate:g} requests/s, burst {limiter.burst:g}); "
+            f"retry after {RateLimiter.retry_after(wait)} s",
+            headers={"Retry-After": RateLimiter.retry_after(wait)},
+        )
+    request[TENANT] = identity.tenant_id
+    request[KEY_ID] = identity.key_id
+    return await handler(request)

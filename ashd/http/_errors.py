@@ -1,0 +1,52 @@
+"""One middleware turns every failure into an ApiError `{error, statusCode}`."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.web_middlewares import Handler
+
+from ashd.errors import ServiceError
+from ashd.http._json import dumps
+
+log = logging.getLogger(__name__)
+
+_HTTP_MESSAGES = {
+    404: "Not found: no such route. See /docs for the API",
+    405: "Method not allowed on this route. See /docs for the API",
+    413: "Request body too large",
+}
+
+
+def api_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        text=dumps({"error": message, "statusCode": status}),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ServiceError as exc:
+        if exc.status_code >= 500:
+            log.warning("request failed: %s", exc.message, extra={"path": request.path, "status": exc.status_code})
+        return api_error(exc.status_code, exc.message, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = _HTTP_MESSAGES.get(exc.status) or exc.reason
+        if exc.status == 405 and isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            message = f"Method {request.method} not allowed on {request.path}; allowed: {allowed}"
+        if exc.status == 413:
+            message = f"Request body too large: the limit is {request.client_max_size} bytes"
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in {"allow", "retry-after"}}
+        return api_error(exc.status, message, headers)
+    except Exception:
+        log.exception("unhandled error", extra={"path": request.path, "method": request.method})
+        return api_error(500, "Internal server error; the incident was logged")

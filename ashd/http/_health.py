@@ -1,0 +1,61 @@
+"""GET /health and GET /metrics (no authentication)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+from sqlalchemy import func, select
+
+from ashd import __version__
+from ashd.actors._board import EMPTY_POOL_STATS
+from ashd.http._json import ok
+from ashd.http._keys import SERVICES
+from ashd.metrics import CONTENT_TYPE
+from ashd.services import Services
+from ashd.storage import Session
+
+routes = web.RouteTableDef()
+
+
+def pool_stats(services: Services) -> Mapping[str, int]:
+    board = getattr(services.pool, "board", None)
+    return board.read() if board is not None else EMPTY_POOL_STATS
+
+
+async def active_sessions(services: Services) -> int:
+    async with services.db.read() as s:
+        return int((await s.execute(select(func.count()).select_from(Session).where(Session.status == "active")))
+                   .scalar_one())
+
+
+@routes.get("/health")
+async def health(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    stats = pool_stats(services)
+    body: dict[str, object] = {
+        "status": "ok",
+        "version": __version__,
+        "coordinatorId": services.coordinator_id,
+        "activeSessions": await active_sessions(services),
+        "activeSandboxes": sum(stats.get(s, 0) for s in ("warming", "warm", "waiting", "running")),
+        "uptime": services.uptime(),
+        "pool": dict(stats),
+        "mode": services.settings.mode,
+    }
+    if services.runners is not None:
+        body["remoteRunners"] = int(services.extras.get("remote_runners", 0))
+    iso = services.isolation
+    if iso is not None:
+        body["isolation"] = {"bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail}
+    return ok(body)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    services.metrics.refresh(
+        uptime=services.uptime(), active_sessions=await active_sessions(services), pool=pool_stats(services)
+    )
+    # aiohttp refuses a charset inside content_type=, so the exact header is set directly (measured Q8).
+    return web.Response(body=services.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -1,0 +1,81 @@
+"""The bubblewrap command line for one sandbox.
+
+bwrap runs as root (Debian's bwrap 0.8 is not setuid) and builds the namespaces and mounts; the
+payload then drops to the unprivileged host uid through `setpriv` inside the sandbox. Running bwrap
+itself as uid 65534 also works on this kernel (it creates a user namespace), but only when every
+bind source is traversable by that uid, which a 0700 data dir is not: see docs in the report.
+
+The process tree is: bwrap (host side, the pid we hold) -> bwrap pid 1 (reaper) -> setpriv ->
+payload. A `sh` wrapper joins the cgroups before exec, so nothing ever runs outside them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ashd.sandboxing._layout import HOSTNAME, SANDBOX_GID, SANDBOX_UID, Mount
+from ashd.sandboxing._types import SANDBOX_WORKSPACE
+
+BWRAP = "/usr/bin/bwrap"
+SETPRIV = "/usr/bin/setpriv"
+
+
+def drop_privileges_argv(argv: Sequence[str]) -> list[str]:
+    return [
+        SETPRIV,
+        f"--reuid={SANDBOX_UID}",
+        f"--regid={SANDBOX_GID}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+        *argv,
+    ]
+
+
+def bwrap_argv(
+    plan: Sequence[Mount],
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    *,
+    network: bool,
+    bwrap: str = BWRAP,
+) -> list[str]:
+    cmd = [
+        bwrap,
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        HOSTNAME,
+        "--clearenv",
+    ]
+    if not network:
+        cmd.append("--unshare-net")
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    for m in plan:
+        if m.kind == "symlink":
+            cmd += ["--symlink", m.src, m.dest]
+        elif m.kind in ("ro-bind", "bind"):
+            cmd += [f"--{m.kind}", m.src, m.dest]
+        elif m.kind in ("tmpfs", "proc", "dev"):
+            cmd += [f"--{m.kind}", m.dest]
+        else:
+            raise ValueError(f"unknown mount kind {m.kind!r}")
+    cmd += ["--remount-ro", "/", "--chdir", SANDBOX_WORKSPACE, "--"]
+    cmd += drop_privileges_argv(argv)
+    return cmd
+
+
+def cgroup_wrapper(procs_files: Sequence[Path], argv: Sequence[str]) -> list[str]:
+    """`sh` joins every cgroup with its own pid, then execs: race-free, no preexec_fn in a threaded
+    server."""
+    joins = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in procs_files)
+    return ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv]

@@ -1,0 +1,253 @@
+"""Per-sandbox cgroups on cgroup v2 and v1 hosts (memory, pids, cpu).
+
+Sandbox cgroups live under the service's OWN cgroup (read from /proc/self/cgroup), so any limit put
+on the service still bounds its sandboxes:
+
+    <own>/ashd/<data dir key>/<sandbox id>
+
+The data dir key keeps two services (or two test launchers) on one host from reaping each other.
+Every path is derived from `mount_root` and the text of /proc/self/cgroup, so the file-writing logic
+can be unit-tested against a fake tree in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from ashd.sandboxing._types import SandboxLimits
+
+log = logging.getLogger(__name__)
+
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+# On v2 a cgroup that delegates controllers may not hold processes, so the service moves itself here.
+V2_SERVICE_LEAF = "ashd-server"
+
+
+def data_dir_key(data_dir: Path) -> str:
+    return hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """Map each v1 controller (and "" for the v2 unified line) to the process's cgroup path."""
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            paths[""] = path
+        for name in controllers.split(","):
+            if name:
+                paths[name] = path
+    return paths
+
+
+def detect_version(mount_root: Path = Path("/sys/fs/cgroup")) -> str:
+    """"v2" (pure unified hierarchy), "v1" (memory, pids and cpu hierarchies) or "none"."""
+    if (mount_root / "cgroup.controllers").exists():
+        available = (mount_root / "cgroup.controllers").read_text().split()
+        return "v2" if all(c in available for c in V2_CONTROLLERS) else "none"
+    if all((mount_root / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
+        return "v1"
+    return "none"
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_int_field(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _read_pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in path.read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass(frozen=True)
+class SandboxCgroup:
+    """One sandbox's cgroup directories (one per v1 controller, one on v2)."""
+
+    version: str
+    dirs: dict[str, Path]  # controller name (or "unified") -> directory
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs.values()]
+
+    def _dir(self, controller: str) -> Path:
+        return self.dirs["unified"] if self.version == "v2" else self.dirs[controller]
+
+    def pids(self) -> list[int]:
+        return _read_pids(self._dir("pids") / "cgroup.procs")
+
+    def oom_kills(self) -> int:
+        if self.version == "v2":
+            return _read_int_field(self._dir("memory") / "memory.events", "oom_kill")
+        return _read_int_field(self._dir("memory") / "memory.oom_control", "oom_kill")
+
+    def memory_bytes(self) -> int:
+        name = "memory.current" if self.version == "v2" else "memory.usage_in_bytes"
+        try:
+            return int((self._dir("memory") / name).read_text().strip())
+        except (OSError, ValueError):
+            return 0
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the cgroup, including ones forked while we kill."""
+        if self.version == "v2" and (self.dirs["unified"] / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                _write(self.dirs["unified"] / "cgroup.kill", "1")
+                return
+        # v1 has no cgroup.kill: loop until no pid is left. A fork bomb cannot outrun this for long
+        # because pids.max bounds it and every round kills all that are listed.
+        for _ in range(1000):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> bool:
+        """rmdir every directory; True when all are gone. Needs the processes dead and reaped."""
+        gone = True
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno in (errno.EBUSY, errno.ENOTEMPTY):
+                    gone = False
+                else:
+                    raise
+        return gone
+
+
+class CgroupTree:
+    """The service's branch of the cgroup hierarchy: creates, lists and removes sandbox cgroups."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        mount_root: Path = Path("/sys/fs/cgroup"),
+        proc_self_cgroup: str | None = None,
+    ) -> None:
+        self.mount_root = mount_root
+        self.version = detect_version(mount_root)
+        if proc_self_cgroup is None:
+            proc_self_cgroup = Path("/proc/self/cgroup").read_text()
+        self._own = parse_proc_cgroup(proc_self_cgroup)
+        self.key = data_dir_key(data_dir)
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def _own_dir(self, controller: str) -> Path:
+        if self.version == "v2":
+            own = self._own.get("", "/")
+            # After a restart we already live in our leaf: the delegating cgroup is its parent.
+            if own.rstrip("/").endswith("/" + V2_SERVICE_LEAF):
+                own = own.rstrip("/")[: -len(V2_SERVICE_LEAF) - 1] or "/"
+            return self.mount_root / own.lstrip("/")
+        return self.mount_root / controller / self._own.get(controller, "/").lstrip("/")
+
+    def parent_dirs(self) -> dict[str, Path]:
+        """Our `<own>/ashd/<key>` per controller (a single "unified" entry on v2)."""
+        if self.version == "v2":
+            return {"unified": self._own_dir("") / "ashd" / self.key}
+        return {c: self._own_dir(c) / "ashd" / self.key for c in V1_CONTROLLERS}
+
+    # -- parent set-up ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        if self.version == "v2":
+            self._setup_v2()
+        else:
+            for d in self.parent_dirs().values():
+                d.mkdir(parents=True, exist_ok=True)
+
+    def _setup_v2(self) -> None:
+        own = self._own_dir("")
+        enable = " ".join("+" + c for c in V2_CONTROLLERS)
+        # The no-internal-process rule does not apply to the root cgroup.
+        if own != self.mount_root:
+            pids = _read_pids(own / "cgroup.procs")
+            if pids:
+                leaf = own / V2_SERVICE_LEAF
+                leaf.mkdir(exist_ok=True)
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, OSError):
+                        _write(leaf / "cgroup.procs", str(pid))
+        _write(own / "cgroup.subtree_control", enable)
+        ashd = own / "ashd"
+        ashd.mkdir(exist_ok=True)
+        _write(ashd / "cgroup.subtree_control", enable)
+        parent = ashd / self.key
+        parent.mkdir(exist_ok=True)
+        _write(parent / "cgroup.subtree_control", enable)
+
+    # -- sandboxes -------------------------------------------------------------------------------
+
+    def create(self, sandbox_id: str, limits: SandboxLimits) -> SandboxCgroup:
+        dirs = {name: parent / sandbox_id for name, parent in self.parent_dirs().items()}
+        for d in dirs.values():
+            d.mkdir(exist_ok=True)
+        quota = max(1000, int(limits.cpu_cores * CPU_PERIOD_US))
+        if self.version == "v2":
+            d = dirs["unified"]
+            _write(d / "memory.max", str(limits.memory_bytes))
+            # Swap would let a sandbox go far past its memory limit without an OOM kill.
+            with contextlib.suppress(OSError):
+                _write(d / "memory.swap.max", "0")
+            _write(d / "pids.max", str(limits.pids))
+            _write(d / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+        else:
+            _write(dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
+            memsw = dirs["memory"] / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                _write(memsw, str(limits.memory_bytes))
+            _write(dirs["pids"] / "pids.max", str(limits.pids))
+            _write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(dirs["cpu"] / "cpu.cfs_quota_us", str(quota))
+        return SandboxCgroup(self.version, dirs)
+
+    def existing(self) -> list[SandboxCgroup]:
+        """Sandbox cgroups left under our parent (e.g. by a server that was killed)."""
+        names: set[str] = set()
+        for parent in self.parent_dirs().values():
+            if parent.is_dir():
+                names.update(p.name for p in parent.iterdir() if p.is_dir())
+        return [
+            SandboxCgroup(self.version, {c: p / n for c, p in self.parent_dirs().items()})
+            for n in sorted(names)
+        ]
+
+    def teardown(self) -> None:
+        """Remove our `<own>/ashd/<key>` (and `ashd` when no other service uses it)."""
+        for parent in self.parent_dirs().values():
+            for d in (parent, parent.parent):
+                with contextlib.suppress(OSError):
+                    d.rmdir()

@@ -1,0 +1,140 @@
+"""What a sandbox sees: one mount plan, applied by bwrap or by the zygote child alike.
+
+Both launch routes translate the same list of `Mount`s, so their isolation cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import ashd
+from ashd.sandboxing._types import SANDBOX_HOME, SANDBOX_RUN, SANDBOX_WORKSPACE, SandboxSpec
+
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+SANDBOX_USER = "agent"
+HOSTNAME = "ashd-sandbox"
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Host paths the dynamic loader, Python and TLS need. Symlinks (merged /usr) are recreated as links.
+_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+_ETC_PATHS = (
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/mime.types",
+)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """kind: ro-bind | bind | tmpfs | proc | dev | symlink (src is the link target)."""
+
+    kind: str
+    dest: str
+    src: str = ""
+
+    def to_json(self) -> list[str]:
+        return [self.kind, self.dest, self.src]
+
+    @classmethod
+    def from_json(cls, item: list[str]) -> Mount:
+        return cls(item[0], item[1], item[2])
+
+
+def etc_dir(data_dir: Path) -> Path:
+    return data_dir / "sandboxes" / ".etc"
+
+
+def write_etc_files(data_dir: Path) -> Path:
+    """The synthesized /etc/passwd, group and hosts (no host accounts or names leak in)."""
+    d = etc_dir(data_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    files = {
+        "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:agent:{SANDBOX_HOME}:/bin/sh\n",
+        "group": f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_GID}:\n",
+        "hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost ip6-localhost\n",
+        "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+    }
+    for name, text in files.items():
+        path = d / name
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o644)
+            tmp.replace(path)
+    return d
+
+
+def python_paths() -> list[str]:
+    """The interpreter's base prefix, the venv and the ashd package (installed editable)."""
+    candidates = [sys.base_prefix, sys.prefix, str(Path(ashd.__file__).resolve().parent)]
+    out: list[str] = []
+    for p in candidates:
+        real = os.path.realpath(p)
+        if real.startswith("/usr/") or real in out:
+            continue
+        out.append(real)
+        if p != real and p not in out:
+            out.append(p)
+    return out
+
+
+def _system_mount(path: str) -> Mount | None:
+    if os.path.islink(path):
+        return Mount("symlink", path, os.readlink(path))
+    if os.path.exists(path):
+        return Mount("ro-bind", path, path)
+    return None
+
+
+def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
+    plan: list[Mount] = []
+    for path in _SYSTEM_PATHS + _ETC_PATHS:
+        m = _system_mount(path)
+        if m is not None:
+            plan.append(m)
+    etc = etc_dir(data_dir)
+    for name in ("passwd", "group", "hosts", "nsswitch.conf"):
+        plan.append(Mount("ro-bind", f"/etc/{name}", str(etc / name)))
+    if spec.network and os.path.exists("/etc/resolv.conf"):
+        plan.append(Mount("ro-bind", "/etc/resolv.conf", os.path.realpath("/etc/resolv.conf")))
+    plan.extend(Mount("ro-bind", p, p) for p in python_paths())
+    plan += [
+        Mount("dev", "/dev"),
+        Mount("proc", "/proc"),
+        Mount("tmpfs", "/tmp"),
+        Mount("bind", SANDBOX_WORKSPACE, str(spec.paths.workspace)),
+        Mount("bind", SANDBOX_HOME, str(spec.paths.home)),
+        Mount("bind", SANDBOX_RUN, str(spec.paths.run)),
+    ]
+    return plan
+
+
+def sandbox_env(spec_env: Mapping[str, str]) -> dict[str, str]:
+    """Basics first; the caller's env is final and wins."""
+    env = {
+        "PATH": f"{sys.prefix}/bin:{BASE_PATH}",
+        "HOME": SANDBOX_HOME,
+        "USER": SANDBOX_USER,
+        "LOGNAME": SANDBOX_USER,
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.update(spec_env)
+    return env
+
+
+def default_argv() -> tuple[str, ...]:
+    return (sys.executable, "-I", "-m", "ashd.bridge", "--socket", f"{SANDBOX_RUN}/bridge.sock")

@@ -1,0 +1,117 @@
+"""Value types shared by the sandbox layer, the pool and the session actors.
+
+A sandbox lives in `<data dir>/sandboxes/<sandbox id>/` on the host:
+
+    workspace/   mounted read-write at /workspace   (the agent's files; the only writable place
+                                                     besides HOME and a private /tmp)
+    home/        mounted read-write at /home/agent  (HOME of the sandbox user)
+    run/         mounted read-write at /run/ashd    (bridge.sock: the bridge listens here;
+                                                     model.sock: the server's model proxy)
+    logs/        host only: sandbox stdout/stderr and setup logs
+
+Nothing else of the data dir is visible inside.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SANDBOX_WORKSPACE = "/workspace"
+SANDBOX_HOME = "/home/agent"
+SANDBOX_RUN = "/run/ashd"
+BRIDGE_SOCKET = "bridge.sock"
+MODEL_SOCKET = "model.sock"
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    memory_bytes: int = 512 * 1024 * 1024
+    pids: int = 256
+    cpu_cores: float = 1.0
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    root: Path
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def bridge_socket(self) -> Path:
+        return self.run / BRIDGE_SOCKET
+
+    @property
+    def model_socket(self) -> Path:
+        return self.run / MODEL_SOCKET
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything needed to launch one sandbox. `env` is final: already allowlisted and merged."""
+
+    sandbox_id: str
+    paths: SandboxPaths
+    env: Mapping[str, str] = field(default_factory=dict)
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    network: bool = False
+    # None: the bridge (`python -m ashd.bridge`). Tests pass other programs (fault doubles).
+    argv: tuple[str, ...] | None = None
+
+
+class ShutdownRung(enum.Enum):
+    """How far the shutdown ladder had to go."""
+
+    ALREADY_EXITED = "already_exited"
+    PROTOCOL = "protocol"  # exited after the bridge's `shutdown` command
+    SIGTERM = "sigterm"
+    SIGKILL = "sigkill"
+
+
+class ExitReason(enum.Enum):
+    NORMAL = "normal"  # exit code 0
+    ERROR = "error"  # non-zero exit code
+    SIGNALLED = "signalled"  # killed by a signal other than an OOM kill
+    OUT_OF_MEMORY = "out_of_memory"  # the cgroup's oom_kill counter moved
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    returncode: int
+    reason: ExitReason
+
+    def describe(self) -> str:
+        if self.reason is ExitReason.OUT_OF_MEMORY:
+            return "out of memory: the sandbox exceeded its memory limit and was killed"
+        if self.reason is ExitReason.SIGNALLED:
+            return f"sandbox killed by signal {-self.returncode}"
+        if self.reason is ExitReason.ERROR:
+            return f"sandbox exited with code {self.returncode}"
+        return "sandbox exited"
+
+
+@dataclass(frozen=True)
+class IsolationReport:
+    """What this host can do, shown at start and in /health."""
+
+    bwrap: bool
+    cgroups: str  # "v2", "v1" or "none"
+    user_namespaces: bool
+    weak: bool  # True when sandboxes run without full isolation (explicitly allowed)
+    detail: str = ""

@@ -1,0 +1,46 @@
+"""The running server's components, built by `ashd.app` in start order and handed to HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ashd.config import Settings
+from ashd.storage import Database
+from ashd.storage._apikeys import ApiKeys
+from ashd.storage._crypto import Cipher
+
+if TYPE_CHECKING:
+    from ashd.http._auth import KeyCache
+    from ashd.http._ratelimit import RateLimiter
+    from ashd.metrics import Metrics
+
+
+def coordinator_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    api_keys: ApiKeys
+    cipher: Cipher
+    key_cache: KeyCache
+    rate_limiter: RateLimiter
+    metrics: Metrics
+    started_at: float = field(default_factory=time.monotonic)
+    coordinator_id: str = field(default_factory=coordinator_id)
+    # Filled by later start steps (actors); typed loosely here to keep this module a leaf.
+    isolation: Any = None
+    pool: Any = None
+    sessions: Any = None
+    snapshots: Any = None
+    runners: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def uptime(self) -> int:
+        return int(time.monotonic() - self.started_at)

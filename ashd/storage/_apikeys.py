@@ -1,0 +1,90 @@
+"""API keys: generated, hashed (HMAC-SHA256 with a server secret kept in `meta`), mapped to tenants."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select, update
+
+from ashd.errors import NotFound
+from ashd.storage._database import Database
+from ashd.storage._models import ApiKey, iso, utcnow
+
+KEY_PREFIX = "ashd_"
+DEFAULT_TENANT = "default"
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(30)
+
+
+@dataclass(frozen=True)
+class KeyIdentity:
+    key_id: str
+    tenant_id: str
+
+
+class ApiKeys:
+    def __init__(self, db: Database, hmac_secret: str) -> None:
+        self._db = db
+        self._secret = hmac_secret.encode()
+
+    @classmethod
+    async def open(cls, db: Database) -> ApiKeys:
+        secret = await db.meta("api_key_hmac_secret")
+        if not secret:
+            raise RuntimeError("api key secret missing from the database; migrations did not run")
+        return cls(db, secret)
+
+    def hash(self, key: str) -> str:
+        return hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()
+
+    async def verify(self, key: str) -> KeyIdentity | None:
+        digest = self.hash(key)
+        async with self._db.read() as s:
+            row = (await s.execute(select(ApiKey.id, ApiKey.tenant_id).where(ApiKey.key_hash == digest))).first()
+        return KeyIdentity(row[0], row[1]) if row else None
+
+    async def add(self, key: str, tenant_id: str, label: str | None, source: str) -> str:
+        digest = self.hash(key)
+        async with self._db.tx() as s:
+            existing = (await s.execute(select(ApiKey.id).where(ApiKey.key_hash == digest))).scalar_one_or_none()
+            if existing:
+                return existing
+            row = ApiKey(tenant_id=tenant_id, label=label, key_hash=digest, key_prefix=key[:12], source=source)
+            s.add(row)
+            await s.flush()
+            return row.id
+
+    async def mint(self, tenant_id: str, label: str | None, source: str = "api") -> tuple[str, str]:
+        key = generate_key()
+        key_id = await self.add(key, tenant_id, label, source)
+        return key_id, key
+
+    async def count(self) -> int:
+        async with self._db.read() as s:
+            return len((await s.execute(select(ApiKey.id).limit(1))).all())
+
+    async def list(self, tenant_id: str) -> list[dict[str, str | None]]:
+        async with self._db.read() as s:
+            rows = (await s.execute(
+                select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
+            )).scalars().all()
+        return [
+            {"id": r.id, "label": r.label, "keyPrefix": r.key_prefix, "createdAt": iso(r.created_at),
+             "lastUsedAt": iso(r.last_used_at)}
+            for r in rows
+        ]
+
+    async def delete(self, tenant_id: str, key_id: str) -> None:
+        async with self._db.tx() as s:
+            result = await s.execute(delete(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id))
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise NotFound(f"API key {key_id} not found")
+
+    async def touch(self, key_id: str) -> None:
+        async with self._db.tx() as s:
+            await s.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=utcnow()))

@@ -1,0 +1,62 @@
+"""Builds the async engine: SQLite (WAL, BEGIN IMMEDIATE, busy timeout) or PostgreSQL (asyncpg).
+
+SQLite recipe from notes/measured.md Q3: a deferred BEGIN that later writes fails with
+SQLITE_BUSY_SNAPSHOT under concurrency, so every transaction begins IMMEDIATE; busy_timeout makes
+writers wait for the lock instead of failing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
+
+
+def normalise_url(url: str) -> str:
+    """Accept the URL forms operators write (`postgres://`, `postgresql://`, `sqlite:///`)."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        url = "postgresql+asyncpg://" + url[len("postgresql://"):]
+    if url.startswith("sqlite://") and not url.startswith("sqlite+aiosqlite://"):
+        url = "sqlite+aiosqlite://" + url[len("sqlite://"):]
+    return url
+
+
+def create_engine(url: str) -> AsyncEngine:
+    url = normalise_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, pool_size=4, max_overflow=4, pool_pre_ping=False)
+        _sqlite_pragmas(engine)
+        return engine
+    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def _sqlite_pragmas(engine: AsyncEngine) -> None:
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "connect")
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's `begin` event issue BEGIN itself (pysqlite transaction recipe).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[OrmSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)

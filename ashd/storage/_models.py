@@ -1,0 +1,244 @@
+"""SQLAlchemy 2 table models for every stored resource.
+
+Timestamps are stored as UTC; `UTCDateTime` gives back timezone-aware values on both SQLite (which
+keeps no zone) and PostgreSQL. Identifiers are UUID strings. Per-session sequence counters live on
+the session row and are advanced atomically (`storage/_sequence.py`), never by `max()+1`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    """The wire form of a timestamp: ISO 8601 in UTC with millisecond precision and a `Z`."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        value = value.astimezone(dt.UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: dict[Any, Any] = {dt.datetime: UTCDateTime}
+
+
+class Meta(Base):
+    """Server-wide values shared by every coordinator (for example the API key HMAC secret)."""
+
+    __tablename__ = "meta"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255), index=True)
+    label: Mapped[str | None] = mapped_column(String(255))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(16), default="api")  # env | generated | api | operator
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_agents_tenant_name"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    path: Mapped[str] = mapped_column(Text)
+    managed: Mapped[bool] = mapped_column(Boolean, default=False)  # folder materialised by the server
+    model: Mapped[str | None] = mapped_column(String(255))
+    env_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)  # JSON object, AES-GCM encrypted
+    network: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index("ix_sessions_tenant_created", "tenant_id", "created_at"),
+        Index("ix_sessions_status", "status"),
+    )
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    agent_name: Mapped[str] = mapped_column(String(255))
+    sandbox_id: Mapped[str] = mapped_column(String(64), default="")
+    status: Mapped[str] = mapped_column(String(16), default="starting")
+    model: Mapped[str | None] = mapped_column(String(255))
+    runner_id: Mapped[str | None] = mapped_column(String(255))
+    parent_session_id: Mapped[str | None] = mapped_column(String(36))
+    # The creation body's configuration (mcpServers, systemPrompt, permissionMode, tools, ...), JSON.
+    config: Mapped[str] = mapped_column(Text, default="{}")
+    # extraEnv may hold secrets: encrypted like credentials, never returned in clear.
+    env_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    credential_id: Mapped[str | None] = mapped_column(String(36))
+    error: Mapped[str | None] = mapped_column(Text)
+    next_message_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    next_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_active_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("session_id", "sequence", name="uq_messages_session_seq"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    session_id: Mapped[str] = mapped_column(String(36), ForeignKey("sessions.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    sequence: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class SessionEvent(Base):
+    """Typed events of a session. Rows with `frame_event` set are also the SSE frames of the
+    stream, replayable by `sequence` (the SSE `id:`)."""
+
+    __tablename__ = "session_events"
+    __table_args__ = (UniqueConstraint("session_id", "sequence", name="uq_events_session_seq"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    session_id: Mapped[str] = mapped_column(String(36), ForeignKey("sessions.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    type: Mapped[str] = mapped_column(String(32))
+    data: Mapped[str | None] = mapped_column(Text)
+    sequence: Mapped[int] = mapped_column(BigInteger)
+    frame_event: Mapped[str | None] = mapped_column(String(16))
+    frame_data: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class QueueItem(Base):
+    __tablename__ = "queue_items"
+    __table_args__ = (Index("ix_queue_status_priority", "status", "priority", "created_at"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255), index=True)
+    session_id: Mapped[str | None] = mapped_column(String(36))
+    agent_name: Mapped[str] = mapped_column(String(255))
+    prompt: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    retry_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_retries: Mapped[int] = mapped_column(Integer, default=3)
+    error: Mapped[str | None] = mapped_column(Text)
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
+class Attachment(Base):
+    __tablename__ = "attachments"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255), index=True)
+    message_id: Mapped[str | None] = mapped_column(String(36))
+    session_id: Mapped[str] = mapped_column(String(36), ForeignKey("sessions.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(1024))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    storage_path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Credential(Base):
+    __tablename__ = "credentials"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255), index=True)
+    type: Mapped[str] = mapped_column(String(32))
+    label: Mapped[str | None] = mapped_column(String(255))
+    secret_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
+class UsageEvent(Base):
+    __tablename__ = "usage_events"
+    __table_args__ = (Index("ix_usage_tenant_created", "tenant_id", "created_at"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    session_id: Mapped[str] = mapped_column(String(36), index=True)
+    agent_name: Mapped[str] = mapped_column(String(255))
+    event_type: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Runner(Base):
+    __tablename__ = "runners"
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    max_sandboxes: Mapped[int] = mapped_column(Integer, default=0)
+    active_count: Mapped[int] = mapped_column(Integer, default=0)
+    warming_count: Mapped[int] = mapped_column(Integer, default=0)
+    running_count: Mapped[int] = mapped_column(Integer, default=0)
+    stats: Mapped[str] = mapped_column(Text, default="{}")
+    registered_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class SandboxRecord(Base):
+    """Sandboxes this server started, so that a restart can find and clean what a crash left."""
+
+    __tablename__ = "sandboxes"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    runner_id: Mapped[str | None] = mapped_column(String(255))
+    owner: Mapped[str] = mapped_column(String(255), default="")  # hostname:pid of the server process
+    state: Mapped[str] = mapped_column(String(16), default="cold")
+    pid: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

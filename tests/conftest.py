@@ -1,0 +1,93 @@
+"""Shared fixtures: databases (SQLite and PostgreSQL), a running ashd with a real HTTP client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from aiohttp.test_utils import TestClient
+
+from ashd.app import Server
+from ashd.config import Settings
+from tests.fixtures.databases import fresh_postgres
+
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'ashd.db'}"
+        return
+    async for url in fresh_postgres():
+        yield url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str) -> Settings:
+    return Settings(
+        data_dir=str(tmp_path / "data"),
+        database_url=db_url,
+        prewarm=0,
+        anthropic_base_url=None,
+        rate_limit_rps=1000.0,
+        rate_limit_burst=1000,
+        actor_timeout_seconds=30.0,
+    )
+
+
+class Api:
+    """A real HTTP client on a running ashd, authenticated as tenant `default`."""
+
+    def __init__(self, client: TestClient[Any, Any], server: Server, key: str) -> None:
+        self.client = client
+        self.server = server
+        self.key = key
+
+    def headers(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.key}"}
+
+    async def call(self, method: str, path: str, *, key: str | None = None, **kw: Any) -> tuple[int, Any]:
+        headers = {**self.headers(key), **kw.pop("headers", {})}
+        resp = await self.client.request(method, path, headers=headers, **kw)
+        text = await resp.text()
+        try:
+            import json
+
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text
+
+    async def new_tenant_key(self, tenant: str) -> str:
+        services = self.server.services
+        assert services is not None
+        _, key = await services.api_keys.mint(tenant, "test", source="operator")
+        return key
+
+
+async def start_api(aiohttp_client: Any, settings: Settings) -> tuple[Server, Api]:
+    server = Server(settings)
+    await server.start_components()
+    assert server.app is not None
+    client = await aiohttp_client(server.app)
+    key_file = Path(settings.data_dir) / "initial-api-key"
+    key = settings.api_key or key_file.read_text().strip()
+    return server, Api(client, server, key)
+
+
+@pytest.fixture
+async def api(aiohttp_client: Any, settings: Settings) -> AsyncIterator[Api]:
+    server, api = await start_api(aiohttp_client, settings)
+    try:
+        yield api
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _stop_actors() -> Any:
+    yield
+    pykka.ActorRegistry.stop_all(timeout=10)

@@ -1,0 +1,124 @@
+"""Health, metrics, auth, error shapes and key handling through real HTTP."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from ashd.config import Settings
+from tests.conftest import Api, start_api
+
+
+async def test_health_is_public_and_complete(api: Api) -> None:
+    resp = await api.client.get("/health")
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["status"] == "ok"
+    for field in ("activeSessions", "activeSandboxes", "uptime", "pool", "version", "coordinatorId"):
+        assert field in body
+    for field in ("total", "cold", "warming", "warm", "waiting", "running", "maxCapacity",
+                  "resumeWarmHits", "resumeColdHits", "preWarmHits"):
+        assert isinstance(body["pool"][field], int)
+
+
+async def test_metrics_exact_content_type_and_series(api: Api) -> None:
+    resp = await api.client.get("/metrics")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = await resp.text()
+    for series in ("ash_up 1.0", "ash_uptime_seconds", "ash_active_sessions", "ash_active_sandboxes",
+                   'ash_pool_sandboxes{state="cold"}', 'ash_pool_sandboxes{state="running"}',
+                   "ash_pool_max_capacity", 'ash_resume_total{path="warm"}', 'ash_resume_total{path="cold"}'):
+        assert series in text
+    assert "_created" not in text
+
+
+async def test_auth_errors(api: Api) -> None:
+    resp = await api.client.get("/api/agents")
+    assert resp.status == 401
+    assert await resp.json() == {"error": "Missing Authorization header", "statusCode": 401}
+    resp = await api.client.get("/api/agents", headers={"Authorization": "Token abc"})
+    assert (await resp.json())["error"] == "Invalid Authorization header format"
+    resp = await api.client.get("/api/agents", headers={"Authorization": "Bearer nope"})
+    assert resp.status == 401
+    assert (await resp.json())["error"] == "Invalid API key"
+
+
+async def test_unknown_route_wrong_method_bad_json_are_api_errors(api: Api) -> None:
+    status, body = await api.call("GET", "/api/does-not-exist")
+    assert status == 404 and body["statusCode"] == 404
+    status, body = await api.call("DELETE", "/health")
+    assert status == 405 and body["statusCode"] == 405 and "allowed" in body["error"]
+    status, body = await api.call("POST", "/api/api-keys", data="{not json", headers={"Content-Type": "application/json"})
+    assert status in (400,) and body["statusCode"] == 400
+
+
+async def test_oversized_body_is_413(aiohttp_client: Any, settings: Settings) -> None:
+    server, api = await start_api(aiohttp_client, settings.with_(max_body_bytes=2048))
+    try:
+        status, body = await api.call("POST", "/api/api-keys", data="x" * 5000,
+                                      headers={"Content-Type": "application/json"})
+        assert status == 413 and body["statusCode"] == 413
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+async def test_rate_limit_429_with_retry_after(aiohttp_client: Any, settings: Settings) -> None:
+    server, api = await start_api(aiohttp_client, settings.with_(rate_limit_rps=0.5, rate_limit_burst=2))
+    try:
+        statuses = []
+        for _ in range(3):
+            resp = await api.client.get("/api/api-keys", headers=api.headers())
+            statuses.append(resp.status)
+        assert statuses[:2] == [200, 200]
+        assert statuses[2] == 429
+        assert int(resp.headers["Retry-After"]) >= 1
+        assert (await resp.json())["statusCode"] == 429
+        # health is never limited
+        assert (await api.client.get("/health")).status == 200
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+async def test_initial_key_file_and_restart_reuses_db_and_key(aiohttp_client: Any, settings: Settings) -> None:
+    server, api = await start_api(aiohttp_client, settings)
+    key_file = Path(settings.data_dir) / "initial-api-key"
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    first_key = api.key
+    assert (await api.call("GET", "/api/api-keys"))[0] == 200
+    await api.client.close()
+    await server.stop()
+
+    server, api = await start_api(aiohttp_client, settings)
+    try:
+        assert api.key == first_key
+        status, body = await api.call("GET", "/api/api-keys")
+        assert status == 200 and len(body["keys"]) == 1
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+async def test_service_api_key_maps_to_default_tenant(aiohttp_client: Any, settings: Settings) -> None:
+    server, api = await start_api(aiohttp_client, settings.with_(api_key="configured-key-123456"))
+    try:
+        status, _ = await api.call("GET", "/api/api-keys", key="configured-key-123456")
+        assert status == 200
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+async def test_key_never_logged(aiohttp_client: Any, settings: Settings, caplog: Any) -> None:
+    caplog.set_level("DEBUG")
+    server, api = await start_api(aiohttp_client, settings)
+    try:
+        await api.call("GET", "/api/api-keys")
+        assert api.key not in caplog.text
+    finally:
+        await api.client.close()
+        await server.stop()
