@@ -1,17 +1,175 @@
-"""Actors and sandboxes of a running server: started after storage, stopped before it."""
+"""Actors and sandboxes of a running server: started after storage, stopped before it.
+
+Order: sandbox launcher (isolation probe, cgroups, zygote) → snapshot actor → model proxy →
+orphaned sessions paused → session registry → pool actor (which pre-warms). Stop is the reverse.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import pykka
+
+from ashd.actors._aio import call
+
+from ashd.actors._board import StatsBoard
+from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
+from ashd.actors._pool_types import SandboxLost
+from ashd.actors._session_deps import SessionDeps
+from ashd.actors._sessions import SessionRegistry
+from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.logs import emit_line
+from ashd.sandboxing import LauncherConfig, SandboxLauncher, SandboxLimits, SandboxSpec
+from ashd.sandboxing._model_proxy import ModelProxy
 from ashd.services import Services
+from ashd.storage._models import iso, utcnow
+from ashd.storage._sessions import Sessions
 
+log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
+# Server variables a sandbox may inherit; everything else of the server's environment stays out.
+ENV_ALLOWLIST = ("LANG", "LC_ALL", "TZ")
+
+
+@dataclass
+class PoolRef:
+    ref: pykka.ActorRef[PoolActor]
+    proxy: Any
+    board: StatsBoard
+
+
+def sandbox_env() -> dict[str, str]:
+    env = {"LANG": "C.UTF-8"}
+    env.update({k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ})
+    return env
 
 
 async def start(services: Services) -> list[tuple[str, StopStep]]:
-    return []
+    settings = services.settings
+    stops: list[tuple[str, StopStep]] = []
+    loop = asyncio.get_running_loop()
+    limits = SandboxLimits(memory_bytes=settings.sandbox_memory_mb * 1024 * 1024, pids=settings.sandbox_pids,
+                           cpu_cores=settings.sandbox_cpu)
+    launcher = SandboxLauncher(LauncherConfig(data_dir=settings.data_path, limits=limits,
+                                              use_zygote=settings.zygote,
+                                              allow_weak_isolation=settings.allow_weak_isolation))
+    await asyncio.to_thread(launcher.start)
+    stops.append(("sandbox launcher", lambda: asyncio.to_thread(launcher.stop)))
+    services.isolation = launcher.isolation
+    services.extras["launcher"] = launcher
+
+    remote = None
+    if settings.snapshot_url:
+        from ashd.storage._snapshots_stores import store_from_url
+
+        remote = store_from_url(settings.snapshot_url)
+    snap_ref = SnapshotActor.start(settings.data_path / "snapshots", remote)
+    snapshots = snapshot_proxy(snap_ref)
+    services.snapshots = snapshots
+    stops.append(("snapshot actor", lambda: asyncio.to_thread(snap_ref.stop, True, settings.actor_timeout_seconds)))
+
+    model_proxy = ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
+                             default_key=lambda: settings.anthropic_api_key)
+    stops.append(("model proxy", model_proxy.close))
+
+    sessions = Sessions(services.db)
+    orphans = await sessions.pause_orphans()
+    if orphans:
+        log.info("paused sessions left active by the previous process", extra={"count": len(orphans)})
+
+    from ashd.storage._agents import resolve_agent
+    from ashd.storage._credentials import use_credential
+    from ashd.storage._usage import record_usage
+
+    def decrypt_env(blob: bytes | None, session_id: str) -> dict[str, str]:
+        value = services.cipher.decrypt_json(blob, session_id.encode()) if blob else None
+        return dict(value) if isinstance(value, dict) else {}
+
+    def count_resume(path: str, session_id: str, agent_name: str) -> None:
+        services.metrics.count_resume(path)
+        emit_line({"type": "resume_hit", "path": path, "sessionId": session_id, "agentName": agent_name,
+                   "ts": iso(utcnow())})
+
+    async def usage(tenant: str, session_id: str, agent_name: str, values: dict[str, float]) -> None:
+        await record_usage(services.db, tenant, session_id, agent_name, values)
+
+    pool_holder: dict[str, Any] = {}
+    registry_holder: dict[str, SessionRegistry] = {}
+
+    def on_lost(lost: SandboxLost) -> None:
+        registry = registry_holder.get("r")
+        if registry is not None:
+            loop.call_soon_threadsafe(registry.on_sandbox_lost, lost)
+
+    def spec_for(sandbox_id: str, network: bool) -> SandboxSpec:
+        return SandboxSpec(sandbox_id=sandbox_id, paths=launcher.paths_for(sandbox_id), env=sandbox_env(),
+                           limits=limits, network=network)
+
+    def snapshot_now(session_id: str, workspace: Path) -> None:
+        snapshots.snapshot(session_id, workspace).get(timeout=settings.actor_timeout_seconds)
+
+    capacity = settings.max_sandboxes or default_capacity(limits.memory_bytes)
+    pool_ref = PoolActor.start(
+        PoolConfig(max_capacity=capacity, prewarm=min(settings.prewarm, capacity),
+                   idle_timeout=float(settings.idle_timeout_seconds),
+                   shutdown_grace=min(2.0, settings.shutdown_grace_seconds)),
+        launcher, spec_for, snapshot_now, on_lost,
+    )
+    pool_proxy = pool_ref.proxy()
+    board = await call(pool_proxy.board, settings.actor_timeout_seconds)
+    pool_holder["p"] = pool_proxy
+    services.pool = PoolRef(pool_ref, pool_proxy, board)
+
+    deps = SessionDeps(
+        loop=loop,
+        sessions=sessions,
+        pool=pool_proxy,
+        snapshots=snapshots,
+        model_proxy=model_proxy,
+        resolve_agent=lambda tenant, name: resolve_agent(services, tenant, name),
+        resolve_credential=lambda tenant, cid: use_credential(services, tenant, cid),
+        decrypt_env=decrypt_env,
+        count_resume=count_resume,
+        record_usage=usage,
+        fallback_api_key=settings.anthropic_api_key,
+        ask_timeout=settings.actor_timeout_seconds,
+        setup_timeout=float(settings.setup_timeout_seconds),
+        shutdown_grace=min(2.0, settings.shutdown_grace_seconds),
+        network_default=settings.sandbox_network,
+        sandbox_owner=lambda _sid: _sandbox_owner(),
+    )
+    registry = SessionRegistry(deps)
+    registry_holder["r"] = registry
+    services.sessions = registry
+    stops.append(("session actors", registry.stop_all))
+
+    async def stop_pool() -> None:
+        await asyncio.to_thread(pool_ref.stop, True, settings.actor_timeout_seconds)
+
+    # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
+    stops.append(("pool actor", stop_pool))
+    return stops
+
+
+def _sandbox_owner() -> tuple[int, int] | None:
+    from ashd.sandboxing import _layout
+
+    return (_layout.SANDBOX_UID, _layout.SANDBOX_GID)
 
 
 async def drain(services: Services) -> None:
-    """Graceful shutdown, before HTTP connections close: let running turns finish, end streams."""
+    """Graceful shutdown: running turns get `shutdown_grace_seconds` to finish and be stored."""
+    registry = services.sessions
+    if registry is None:
+        return
+    deadline = asyncio.get_running_loop().time() + services.settings.shutdown_grace_seconds
+    while asyncio.get_running_loop().time() < deadline:
+        if await registry.running_count() == 0:
+            return
+        await asyncio.sleep(0.1)

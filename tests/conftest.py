@@ -31,6 +31,7 @@ def settings(tmp_path: Path, db_url: str) -> Settings:
         data_dir=str(tmp_path / "data"),
         database_url=db_url,
         prewarm=0,
+        zygote=False,
         anthropic_base_url=None,
         rate_limit_rps=1000.0,
         rate_limit_burst=1000,

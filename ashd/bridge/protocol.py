@@ -12,6 +12,7 @@ backpressure from a slow SSE client back to the agent engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from typing import Any
@@ -139,13 +140,18 @@ class FrameWriter:
     async def write(self, frame: Frame) -> None:
         data = encode(frame)
         async with self._lock:
-            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+            send = asyncio.ensure_future(asyncio.get_running_loop().sock_sendall(self._sock, data))
+            try:
+                await asyncio.shield(send)
+            except asyncio.CancelledError:
+                # Never leave half a frame on the wire: finish this frame, then honour the cancel.
+                if not send.done():
+                    await asyncio.wait([send])
+                raise
 
 
 def shrink_buffers(sock: socket.socket, size: int = 32 * 1024) -> None:
     """Small kernel buffers so that backpressure shows within a few frames, not megabytes."""
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
+        with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, opt, size)
-        except OSError:
-            pass

@@ -61,11 +61,16 @@ def bwrap_argv(
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     for m in plan:
-        if m.kind == "symlink":
+        if m.kind == "dir":
+            cmd += ["--perms", "0755", "--dir", m.dest]
+        elif m.kind == "symlink":
             cmd += ["--symlink", m.src, m.dest]
         elif m.kind in ("ro-bind", "bind"):
             cmd += [f"--{m.kind}", m.src, m.dest]
-        elif m.kind in ("tmpfs", "proc", "dev"):
+        elif m.kind == "tmpfs":
+            # A tmpfs is the sandbox's private /tmp: sticky and world-writable, as on a host.
+            cmd += ["--perms", "01777", "--tmpfs", m.dest]
+        elif m.kind in ("proc", "dev"):
             cmd += [f"--{m.kind}", m.dest]
         else:
             raise ValueError(f"unknown mount kind {m.kind!r}")

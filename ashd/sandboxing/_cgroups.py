@@ -53,7 +53,7 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
 
 
 def detect_version(mount_root: Path = Path("/sys/fs/cgroup")) -> str:
-    """"v2" (pure unified hierarchy), "v1" (memory, pids and cpu hierarchies) or "none"."""
+    """ "v2" (pure unified hierarchy), "v1" (memory, pids and cpu hierarchies) or "none"."""
     if (mount_root / "cgroup.controllers").exists():
         available = (mount_root / "cgroup.controllers").read_text().split()
         return "v2" if all(c in available for c in V2_CONTROLLERS) else "none"
@@ -213,8 +213,16 @@ class CgroupTree:
 
     def create(self, sandbox_id: str, limits: SandboxLimits) -> SandboxCgroup:
         dirs = {name: parent / sandbox_id for name, parent in self.parent_dirs().items()}
-        for d in dirs.values():
-            d.mkdir(exist_ok=True)
+        for attempt in range(3):
+            try:
+                for d in dirs.values():
+                    d.mkdir(exist_ok=True)
+                break
+            except FileNotFoundError:
+                # Our empty parent was swept by another service's start-up (sweep_empty_parents).
+                if attempt == 2:
+                    raise
+                self.setup()
         quota = max(1000, int(limits.cpu_cores * CPU_PERIOD_US))
         if self.version == "v2":
             d = dirs["unified"]
@@ -244,6 +252,24 @@ class CgroupTree:
             SandboxCgroup(self.version, {c: p / n for c, p in self.parent_dirs().items()})
             for n in sorted(names)
         ]
+
+    def sweep_empty_parents(self) -> int:
+        """rmdir every *empty* `<own>/ashd/<key>` (a killed server's, whatever its data dir).
+        rmdir refuses non-empty cgroups, so live services keep theirs; `create` recreates a
+        parent swept under its feet."""
+        removed = 0
+        for parent in self.parent_dirs().values():
+            ashd = parent.parent
+            if not ashd.is_dir():
+                continue
+            for other in ashd.iterdir():
+                if other.is_dir() and other != parent:
+                    try:
+                        other.rmdir()
+                        removed += 1
+                    except OSError:
+                        pass
+        return removed
 
     def teardown(self) -> None:
         """Remove our `<own>/ashd/<key>` (and `ashd` when no other service uses it)."""

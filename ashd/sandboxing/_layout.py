@@ -37,7 +37,7 @@ _ETC_PATHS = (
 
 @dataclass(frozen=True)
 class Mount:
-    """kind: ro-bind | bind | tmpfs | proc | dev | symlink (src is the link target)."""
+    """kind: dir | ro-bind | bind | tmpfs | proc | dev | symlink (src is the link target)."""
 
     kind: str
     dest: str
@@ -109,8 +109,13 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
         plan.append(Mount("ro-bind", f"/etc/{name}", str(etc / name)))
     if spec.network and os.path.exists("/etc/resolv.conf"):
         plan.append(Mount("ro-bind", "/etc/resolv.conf", os.path.realpath("/etc/resolv.conf")))
-    plan.extend(Mount("ro-bind", p, p) for p in python_paths())
+    for p in python_paths():
+        # Parents are made world-traversable explicitly: bwrap would create them 0700.
+        plan.extend(Mount("dir", str(a)) for a in reversed(Path(p).parents) if str(a) != "/")
+        plan.append(Mount("ro-bind", p, p))
     plan += [
+        Mount("dir", "/home"),
+        Mount("dir", "/run"),
         Mount("dev", "/dev"),
         Mount("proc", "/proc"),
         Mount("tmpfs", "/tmp"),

@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from ashd.errors import BadRequest, NotFound
 from ashd.storage._models import iso
@@ -255,3 +255,35 @@ def content_disposition(filename: str) -> str:
 def _human(limit: int) -> str:
     mib = 1024 * 1024
     return f"{limit // mib} MB" if limit % mib == 0 else f"{limit} bytes"
+
+
+class FileSource(Protocol):
+    """What the file endpoints need, from a live workspace (`DirectoryReader`) or a snapshot
+    (`SnapshotReader`): the same calls, the same errors."""
+
+    def list_files(self) -> list[FileEntry]: ...
+
+    def open_file(self, rel: str) -> tuple[BinaryIO, int]: ...
+
+    def read_for_json(self, rel: str, limit: int = JSON_LIMIT) -> str: ...
+
+
+class DirectoryReader:
+    """`FileSource` on a live workspace directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def list_files(self) -> list[FileEntry]:
+        return list_files(self.root)
+
+    def open_file(self, rel: str) -> tuple[BinaryIO, int]:
+        return open_file(self.root, rel)
+
+    def read_for_json(self, rel: str, limit: int = JSON_LIMIT) -> str:
+        stream, size = open_file(self.root, rel)
+        with stream:
+            check_json_size(size, limit)
+            data = stream.read(limit + 1)
+        check_json_size(len(data), limit)
+        return decode_text(data)

@@ -35,7 +35,9 @@ def make_client(model_socket: str | None, base_url: str = "http://model-proxy") 
     transport = httpx2.AsyncHTTPTransport(uds=model_socket) if model_socket else None
     http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
     # The proxy replaces this key with the session's real credential.
-    return anthropic.AsyncAnthropic(base_url=base_url, api_key="sandbox-no-key", http_client=http, max_retries=0)
+    return anthropic.AsyncAnthropic(
+        base_url=base_url, api_key="sandbox-no-key", http_client=http, max_retries=0
+    )
 
 
 @dataclass
@@ -79,7 +81,9 @@ class _Assembler:
                 raw = self._json.pop(idx)
                 self.message["content"][idx]["input"] = json.loads(raw) if raw.strip() else {}
         elif kind == "message_delta":
-            self.message.update({k: v for k, v in ev.get("delta", {}).items() if k in ("stop_reason", "stop_sequence")})
+            self.message.update(
+                {k: v for k, v in ev.get("delta", {}).items() if k in ("stop_reason", "stop_sequence")}
+            )
             usage = dict(self.message.get("usage") or {})
             usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
             self.message["usage"] = usage
@@ -164,5 +168,7 @@ async def call_model(
             delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
             if isinstance(exc, anthropic.APIStatusError):
                 delay = min(_retry_after(exc) or delay, BACKOFF_MAX_S * 3)
-            log.warning("model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay)
+            log.warning(
+                "model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay
+            )
             await asyncio.sleep(delay)

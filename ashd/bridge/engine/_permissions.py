@@ -76,7 +76,7 @@ class Permissions:
     def check(self, name: str, args: dict[str, Any]) -> str | None:
         """None if the call may run, else the reason it was refused."""
         if not self.offered(name):
-            return f"Permission denied: tool {name} is not available in this session"
+            return f"Permission denied: {name} was refused by permissions (disallowed in this session)"
         if any(r.matches_call(name, args) for r in self._blacklist + self._deny):
             return f"Permission denied: this {name} call is blocked by disallowedTools/permissions.deny"
         if self._whitelist and not any(r.matches_call(name, args) for r in self._whitelist):

@@ -15,9 +15,7 @@ DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000
 
 
-async def run_process(
-    argv: list[str], ctx: ToolContext, timeout_s: float
-) -> tuple[int | None, bytes, bytes]:
+async def run_process(argv: list[str], ctx: ToolContext, timeout_s: float) -> tuple[int | None, bytes, bytes]:
     """Run argv in its own process group; on timeout or cancellation kill the whole group."""
     proc = await asyncio.create_subprocess_exec(
         *argv,

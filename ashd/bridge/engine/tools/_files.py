@@ -46,9 +46,7 @@ class ReadTool:
         chosen = lines[start - 1 : start - 1 + limit]
         if not chosen:
             return ToolResult(f"(file has {len(lines)} lines; nothing at offset {start})")
-        out = "\n".join(
-            f"{n:>6}\t{line[:MAX_LINE_CHARS]}" for n, line in enumerate(chosen, start=start)
-        )
+        out = "\n".join(f"{n:>6}\t{line[:MAX_LINE_CHARS]}" for n, line in enumerate(chosen, start=start))
         return ToolResult(cap(out))
 
 
@@ -79,8 +77,7 @@ class WriteTool:
 class EditTool:
     name = "Edit"
     description = (
-        "Replaces old_string with new_string in a file. old_string must be unique unless "
-        "replace_all is true."
+        "Replaces old_string with new_string in a file. old_string must be unique unless replace_all is true."
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -1,0 +1,329 @@
+"""PoolActor: owns every sandbox of this server, their states, capacity, eviction and the idle sweep.
+
+Slow work (waiting for a bridge to come up, the shutdown ladder, snapshots of evicted sandboxes)
+runs on the pool's worker threads, which report back with `tell`, so the actor's inbox stays
+responsive. The pool never asks a session: losses are told to a listener (rule: ask only down).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from ashd.actors._aio import AioActor
+from ashd.actors._board import StatsBoard
+from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, SandboxLost
+from ashd.actors._readiness import wait_bridge_ready
+from ashd.errors import CapacityError, SandboxError
+from ashd.sandboxing._types import ExitInfo, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+_EVICTION_ORDER = (PoolState.COLD, PoolState.WARM, PoolState.WAITING)
+_LIVE = (PoolState.WARMING, PoolState.WARM, PoolState.WAITING, PoolState.RUNNING)
+
+
+def default_capacity(memory_limit_bytes: int) -> int:
+    return max(1, min(1000, psutil.virtual_memory().total // max(1, memory_limit_bytes)))
+
+
+@dataclass
+class _Entry:
+    sandbox_id: str
+    state: PoolState
+    created: float
+    last_active: float
+    proc: Any = None  # SandboxProcess once launched
+    tenant: str | None = None
+    session_id: str | None = None
+    network: bool = False
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    max_capacity: int
+    prewarm: int
+    idle_timeout: float
+    ready_timeout: float = 60.0
+    shutdown_grace: float = 2.0
+    sweep_interval: float = 5.0
+
+
+class PoolActor(AioActor):
+    def __init__(
+        self,
+        config: PoolConfig,
+        launcher: Any,
+        spec_for: Callable[[str, bool], SandboxSpec],
+        snapshot: Callable[[str, Any], None] | None,
+        on_lost: Callable[[SandboxLost], None],
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.board = StatsBoard({})
+        self._launcher = launcher
+        self._spec_for = spec_for  # (sandbox_id, network) -> SandboxSpec
+        self._snapshot = snapshot  # (session_id, workspace path) -> None; blocking
+        self._on_lost = on_lost
+        self._entries: dict[str, _Entry] = {}
+        self._counters = {"resumeWarmHits": 0, "resumeColdHits": 0, "preWarmHits": 0}
+        self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-worker")
+        self._stopping = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def on_start(self) -> None:
+        self._publish()
+        self._refill()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="pool-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def on_stop(self) -> None:
+        self._stopping.set()
+        for entry in list(self._entries.values()):
+            self._destroy_now(entry)
+        self._entries.clear()
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        self._publish()
+
+    # --- queries -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return dict(self.board.read())
+
+    def is_alive(self, sandbox_id: str) -> bool:
+        entry = self._entries.get(sandbox_id)
+        return entry is not None and entry.proc is not None and entry.proc.poll() is None
+
+    def exit_info(self, sandbox_id: str) -> ExitInfo | None:
+        entry = self._entries.get(sandbox_id)
+        return entry.proc.poll() if entry is not None and entry.proc is not None else None
+
+    def pss_bytes(self) -> dict[str, int]:
+        return {e.sandbox_id: e.proc.pss_bytes() for e in self._entries.values() if e.proc is not None}
+
+    # --- claims and transitions ---------------------------------------------------------------
+    def claim(self, tenant: str, session_id: str, network: bool = False) -> SandboxHandle:
+        """A sandbox for this session: a pre-warmed one when possible, else a fresh one."""
+        if not network:
+            warm = self._oldest(PoolState.WARM)
+            if warm is not None:
+                self._assign(warm, tenant, session_id, PoolState.WAITING)
+                self._counters["preWarmHits"] += 1
+                self._refill()
+                self._publish()
+                return SandboxHandle(warm.sandbox_id, self._launcher.paths_for(warm.sandbox_id), prewarmed=True)
+        self._make_room()
+        entry = self._launch(network)
+        self._assign(entry, tenant, session_id, PoolState.WARMING)
+        self._publish()
+        return SandboxHandle(entry.sandbox_id, self._launcher.paths_for(entry.sandbox_id), prewarmed=False)
+
+    def mark_ready(self, sandbox_id: str) -> None:
+        """The session connected to a freshly launched bridge: warming → waiting."""
+        entry = self._entries.get(sandbox_id)
+        if entry is not None and entry.state is PoolState.WARMING:
+            entry.ready = True
+            entry.state = PoolState.WAITING if entry.session_id else PoolState.WARM
+            self._publish()
+
+    def mark_running(self, sandbox_id: str) -> bool:
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.proc is None or entry.proc.poll() is not None:
+            return False
+        entry.state = PoolState.RUNNING
+        entry.last_active = time.monotonic()
+        self._publish()
+        return True
+
+    def mark_waiting(self, sandbox_id: str) -> None:
+        entry = self._entries.get(sandbox_id)
+        if entry is not None and entry.state in (PoolState.RUNNING, PoolState.WARMING, PoolState.WAITING):
+            entry.state = PoolState.WAITING
+            entry.last_active = time.monotonic()
+            self._publish()
+
+    def touch(self, sandbox_id: str) -> None:
+        entry = self._entries.get(sandbox_id)
+        if entry is not None:
+            entry.last_active = time.monotonic()
+
+    def count_resume(self, path: str) -> None:
+        self._counters["resumeWarmHits" if path == "warm" else "resumeColdHits"] += 1
+        self._publish()
+
+    def release(self, sandbox_id: str, wait: bool = False) -> None:
+        """Destroy a session's sandbox (after the session asked its bridge to shut down)."""
+        entry = self._entries.pop(sandbox_id, None)
+        if entry is None:
+            return
+        self._publish()
+        if wait:
+            self._destroy_now(entry)
+        else:
+            self._workers.submit(self._destroy_now, entry)
+        self._refill()
+
+    # --- internal messages (told by worker threads) -------------------------------------------
+    def _became_ready(self, sandbox_id: str, ok: bool) -> None:
+        entry = self._entries.get(sandbox_id)
+        if entry is None:
+            return
+        if not ok:
+            log.warning("pre-warmed sandbox did not become ready; destroying it", extra={"sandboxId": sandbox_id})
+            self._entries.pop(sandbox_id, None)
+            self._workers.submit(self._destroy_now, entry)
+        elif entry.state is PoolState.WARMING and entry.session_id is None:
+            entry.state = PoolState.WARM
+            entry.ready = True
+        self._publish()
+
+    def _exited(self, sandbox_id: str, info: ExitInfo) -> None:
+        entry = self._entries.pop(sandbox_id, None)
+        if entry is None:
+            return
+        log.warning("sandbox exited: %s", info.describe(), extra={"sandboxId": sandbox_id,
+                                                                   "sessionId": entry.session_id})
+        self._workers.submit(self._destroy_now, entry)
+        if entry.session_id:
+            self._on_lost(SandboxLost(entry.session_id, sandbox_id, LossReason.EXITED, info.describe()))
+        self._refill()
+        self._publish()
+
+    def sweep(self) -> None:
+        """Idle sweep: a waiting sandbox idle longer than the timeout is snapshotted and stopped."""
+        now = time.monotonic()
+        for entry in list(self._entries.values()):
+            if entry.proc is not None and entry.state is not PoolState.COLD:
+                info = entry.proc.poll()
+                if info is not None:
+                    self._exited(entry.sandbox_id, info)
+                    continue
+            if entry.state is PoolState.WAITING and now - entry.last_active >= self.config.idle_timeout:
+                log.warning("idle session sandbox stopped", extra={"sandboxId": entry.sandbox_id,
+                                                                    "sessionId": entry.session_id,
+                                                                    "idleSeconds": int(now - entry.last_active)})
+                self._take_away(entry, LossReason.IDLE)
+        self._publish()
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _oldest(self, state: PoolState) -> _Entry | None:
+        candidates = [e for e in self._entries.values() if e.state is state]
+        return min(candidates, key=lambda e: e.last_active if state is PoolState.WAITING else e.created,
+                   default=None)
+
+    def _assign(self, entry: _Entry, tenant: str, session_id: str, state: PoolState) -> None:
+        entry.tenant = tenant
+        entry.session_id = session_id
+        entry.state = state
+        entry.last_active = time.monotonic()
+
+    def _make_room(self) -> None:
+        if len(self._entries) < self.config.max_capacity:
+            return
+        for state in _EVICTION_ORDER:
+            victim = self._oldest(state)
+            if victim is None:
+                continue
+            if state is PoolState.WAITING:
+                self._take_away(victim, LossReason.EVICTED)
+            else:
+                self._entries.pop(victim.sandbox_id, None)
+                self._workers.submit(self._destroy_now, victim)
+            log.info("evicted a %s sandbox for capacity", state.value, extra={"sandboxId": victim.sandbox_id})
+            return
+        raise CapacityError(
+            f"Sandbox capacity reached ({self.config.max_capacity} sandboxes, all running); try again later"
+        )
+
+    def _take_away(self, entry: _Entry, reason: LossReason) -> None:
+        """Snapshot a waiting session's workspace, destroy its sandbox and tell the session side."""
+        self._entries.pop(entry.sandbox_id, None)
+        if entry.session_id and self._snapshot is not None:
+            try:
+                self._snapshot(entry.session_id, self._launcher.paths_for(entry.sandbox_id).workspace)
+            except Exception:
+                log.exception("snapshot before %s failed", reason.value, extra={"sandboxId": entry.sandbox_id})
+        self._destroy_now(entry)
+        if entry.session_id:
+            detail = "evicted to make room for another session" if reason is LossReason.EVICTED else "idle timeout"
+            self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
+
+    def _launch(self, network: bool) -> _Entry:
+        sandbox_id = "sb-" + uuid.uuid4().hex[:16]
+        now = time.monotonic()
+        entry = _Entry(sandbox_id, PoolState.COLD, now, now, network=network)
+        self._entries[sandbox_id] = entry
+        try:
+            self._launcher.prepare(sandbox_id)
+            entry.proc = self._launcher.launch(self._spec_for(sandbox_id, network))
+        except Exception as exc:
+            self._entries.pop(sandbox_id, None)
+            self._workers.submit(self._destroy_now, entry)
+            log.exception("sandbox launch failed", extra={"sandboxId": sandbox_id})
+            raise SandboxError(f"Sandbox could not be started: {exc}") from exc
+        entry.state = PoolState.WARMING
+        return entry
+
+    def _refill(self) -> None:
+        if self._stopping.is_set():
+            return
+        warming_generic = sum(1 for e in self._entries.values()
+                              if e.session_id is None and e.state in (PoolState.WARMING, PoolState.WARM))
+        while warming_generic < self.config.prewarm and len(self._entries) < self.config.max_capacity:
+            try:
+                entry = self._launch(network=False)
+            except SandboxError:
+                return
+            warming_generic += 1
+            self._workers.submit(self._await_ready, entry.sandbox_id, entry.proc)
+
+    def _await_ready(self, sandbox_id: str, proc: Any) -> None:
+        paths = self._launcher.paths_for(sandbox_id)
+        ok = wait_bridge_ready(paths.bridge_socket, self.config.ready_timeout, alive=lambda: proc.poll() is None)
+        if not self._stopping.is_set():
+            self.actor_ref.tell(_Call("_became_ready", (sandbox_id, ok)))
+
+    def _destroy_now(self, entry: _Entry) -> None:
+        try:
+            if entry.proc is not None:
+                rung = entry.proc.shutdown(None, grace=self.config.shutdown_grace)
+                entry.proc.cleanup()
+                log.debug("sandbox destroyed", extra={"sandboxId": entry.sandbox_id, "rung": rung.value})
+            self._launcher.destroy_dirs(entry.sandbox_id)
+        except Exception:
+            log.exception("sandbox destroy failed", extra={"sandboxId": entry.sandbox_id})
+
+    def _sweep_loop(self) -> None:
+        while not self._stopping.wait(self.config.sweep_interval):
+            try:
+                self.actor_ref.tell(_Call("sweep", ()))
+            except Exception:  # the actor is stopping
+                return
+
+    def _publish(self) -> None:
+        counts = {s.value: 0 for s in PoolState}
+        for entry in self._entries.values():
+            counts[entry.state.value] += 1
+        self.board.publish({
+            "total": len(self._entries), **counts, "maxCapacity": self.config.max_capacity, **self._counters,
+        })
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _Call):
+            return getattr(self, message.method)(*message.args)
+        return super().on_receive(message)
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    args: tuple[Any, ...]

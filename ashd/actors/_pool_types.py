@@ -1,0 +1,49 @@
+"""Messages and values of the PoolActor.
+
+Pool sandbox states (docs/pool.md):
+
+    cold ──launch──► warming ──bridge ready──► warm ──claim──► waiting ⇄ running
+      │                 │  (claimed while warming: assigned, counted as warming until ready)
+      └────────────── any state ──destroy──► (gone)
+
+`warm` sandboxes are generic (no tenant, no session). A claimed sandbox belongs to one session
+and is destroyed when released, never returned to the warm set, so tenants never share one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ashd.sandboxing._types import SandboxPaths
+
+
+class PoolState(enum.Enum):
+    COLD = "cold"
+    WARMING = "warming"
+    WARM = "warm"
+    WAITING = "waiting"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class SandboxHandle:
+    sandbox_id: str
+    paths: SandboxPaths
+    prewarmed: bool  # taken from the warm set (bridge already up)
+
+
+class LossReason(enum.Enum):
+    EVICTED = "evicted"  # capacity was needed; a snapshot was taken first
+    IDLE = "idle"  # the idle sweep stopped it; a snapshot was taken first
+    EXITED = "exited"  # the sandbox process died (crash, OOM, killed)
+
+
+@dataclass(frozen=True)
+class SandboxLost:
+    """Told (never asked) to the session side when the pool takes a session's sandbox away."""
+
+    session_id: str
+    sandbox_id: str
+    reason: LossReason
+    detail: str

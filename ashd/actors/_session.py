@@ -1,0 +1,284 @@
+"""SessionActor: the one owner of a live session's status, sandbox and running turn.
+
+Every transition of one session is serialised by this actor's inbox, so pause-during-turn, double
+resume and delete-during-create each have one answer. Database and bridge work are coroutines run
+on the event loop (`deps.run`); the actor thread waits for them, the loop never waits for the actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ashd.actors._aio import AioActor
+from ashd.actors._pool_types import SandboxHandle, SandboxLost
+from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
+from ashd.errors import BadRequest, Conflict, Gone, SandboxError, ServiceError
+from ashd.sandboxing._agent_setup import prepare_workspace
+from ashd.storage._models import Session
+from ashd.storage._sessions import session_json
+
+log = logging.getLogger(__name__)
+
+_ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+
+
+class SessionActor(AioActor):
+    def __init__(self, deps: SessionDeps, session_id: str, tenant: str) -> None:
+        super().__init__()
+        self.deps = deps
+        self.session_id = session_id
+        self.tenant = tenant
+        self.row: Session | None = None
+        self.handle: SandboxHandle | None = None
+        self.conn: Any = None
+        self.turn: TurnTicket | None = None
+
+    # --- reads ---------------------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        return session_json(self._row())
+
+    def _row(self) -> Session:
+        if self.row is None:
+            self.row = self.deps.run(self.deps.sessions.get(self.tenant, self.session_id))
+        return self.row
+
+    # --- create / resume -----------------------------------------------------------------------
+    def create(self, req: CreateRequest) -> dict[str, Any]:
+        self.row = self.deps.run(self.deps.sessions.get(self.tenant, self.session_id))
+        try:
+            self._start_sandbox(resume_history=False, restore=False)
+        except ServiceError as exc:
+            self._fail(exc.message)
+            raise
+        except Exception as exc:
+            log.exception("session creation failed", extra={"sessionId": self.session_id})
+            self._fail(f"sandbox creation failed: {exc}")
+            raise SandboxError(f"Sandbox creation failed: {exc}") from exc
+        self.row = self._transition("active", "created", sandbox_id=self.handle.sandbox_id if self.handle else "")
+        return session_json(self.row)
+
+    def resume(self) -> dict[str, Any]:
+        row = self._row()
+        if row.status == "ended":
+            raise Gone("Session has ended; create a new session")
+        if row.status == "active" and self.conn is not None:
+            return session_json(row)
+        path = "cold"
+        if self.handle is not None and self.conn is not None and self._pool_alive(self.handle.sandbox_id):
+            path = "warm"
+        else:
+            self._drop_sandbox()
+            try:
+                self._start_sandbox(resume_history=True, restore=True)
+            except ServiceError:
+                raise
+            except Exception as exc:
+                log.exception("cold resume failed", extra={"sessionId": self.session_id})
+                raise SandboxError(f"A new sandbox could not be created for cold resume: {exc}") from exc
+        self.row = self._transition("active", "resumed", extra={"path": path},
+                                    sandbox_id=self.handle.sandbox_id if self.handle else "", error=None)
+        self.deps.pool.count_resume(path)
+        self.deps.count_resume(path, self.session_id, row.agent_name)
+        return session_json(self.row)
+
+    def _start_sandbox(self, *, resume_history: bool, restore: bool) -> None:
+        row = self._row()
+        deps = self.deps
+        config = _config(row)
+        agent = deps.run(deps.resolve_agent(self.tenant, row.agent_name))
+        network = bool(config.get("network", agent.network or deps.network_default))
+        env: dict[str, str] = dict(agent.env or {})
+        api_key = deps.fallback_api_key
+        if row.credential_id:
+            cred = deps.run(deps.resolve_credential(self.tenant, row.credential_id))
+            if cred.type == "anthropic":
+                api_key = cred.secret  # never enters the sandbox: the model proxy adds it
+            else:
+                env.update(cred.env)
+        env.update(deps.decrypt_env(row.env_ciphertext, row.id))
+        for name in _ANTHROPIC_ENV:
+            env.pop(name, None)
+        handle: SandboxHandle = deps.pool.claim(self.tenant, self.session_id, network).get(timeout=deps.ask_timeout)
+        self.handle = handle
+        try:
+            if deps.model_proxy is not None:
+                deps.model_proxy.set_key_provider(handle.sandbox_id, lambda key=api_key: key)
+                deps.run(deps.model_proxy.start_for(handle.sandbox_id, handle.paths.model_socket))
+            restored = False
+            if restore and deps.snapshots is not None:
+                restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
+                                .get(timeout=deps.ask_timeout))
+            prepare_workspace(None if restored else Path(agent.path), handle.paths.workspace,
+                              None if restored else config.get("systemPrompt"),
+                              None if restored else config.get("mcpServers"),
+                              deps.sandbox_owner(handle.sandbox_id))
+            history: list[dict[str, Any]] = []
+            if resume_history:
+                from ashd.bridge.history import history_from_stored
+
+                history = history_from_stored(deps.run(deps.sessions.all_message_contents(self.session_id)))
+            init = {
+                "sessionId": self.session_id,
+                "env": env,
+                "model": row.model or agent.model,
+                "permissionMode": config.get("permissionMode", "bypassPermissions"),
+                "allowedTools": config.get("allowedTools"),
+                "disallowedTools": config.get("disallowedTools"),
+                "betas": config.get("betas"),
+                "subagents": config.get("subagents"),
+                "initialAgent": config.get("initialAgent"),
+                "history": history,
+                "runSetup": not restored,
+                "setupTimeout": deps.setup_timeout,
+            }
+            self.conn = deps.run(self._connect_and_init(handle, init),
+                                 timeout=deps.ask_timeout + 2 * deps.setup_timeout)
+            deps.pool.mark_ready(handle.sandbox_id)
+        except BaseException:
+            self._drop_sandbox()
+            raise
+
+    async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any]) -> Any:
+        from ashd.sandboxing._bridge_client import BridgeConnection
+
+        conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
+        try:
+            await conn.init(init, timeout=2 * self.deps.setup_timeout)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    # --- pause / stop / delete -----------------------------------------------------------------
+    def pause(self) -> dict[str, Any]:
+        row = self._row()
+        if row.status != "active":
+            raise BadRequest(f"Session is {row.status}; only an active session can be paused")
+        if self.turn is not None:
+            raise Conflict("A turn is running; interrupt it or wait for it to finish before pausing")
+        if self.handle is not None and self.deps.snapshots is not None:
+            # Off the request path: the snapshot actor works while the client already has its answer.
+            self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace)
+        self.row = self._transition("paused", "paused")
+        return session_json(self.row)
+
+    def stop(self) -> dict[str, Any]:
+        row = self._row()
+        if row.status not in ("active", "starting"):
+            raise BadRequest(f"Session is {row.status}; only an active or starting session can be stopped")
+        self._end_sandbox(snapshot=True)
+        self.row = self._transition("stopped", "stopped", sandbox_id="")
+        return session_json(self.row)
+
+    def delete(self) -> dict[str, Any]:
+        row = self._row()
+        if row.status == "ended":
+            return session_json(row)
+        self._end_sandbox(snapshot=True)
+        self.row = self._transition("ended", "ended")
+        return session_json(self.row)
+
+    def sandbox_lost(self, lost: SandboxLost) -> None:
+        if self.handle is None or self.handle.sandbox_id != lost.sandbox_id:
+            return
+        self.handle = None
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(conn.close()))
+        if self._row().status == "active" and self.turn is None:
+            self.row = self._transition("paused", "paused", extra={"reason": lost.reason.value,
+                                                                  "detail": lost.detail})
+
+    # --- turns ---------------------------------------------------------------------------------
+    def begin_turn(self, content: Any, model: str | None) -> TurnTicket:
+        row = self._row()
+        if row.status != "active":
+            raise BadRequest(f"Session is {row.status}; resume it before sending messages")
+        if self.turn is not None:
+            raise Conflict("A turn is already running")
+        if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
+                self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
+            # The sandbox died between turns: bring the session back on a new one, transparently.
+            self._drop_sandbox()
+            self._start_sandbox(resume_history=True, restore=True)
+            assert self.handle is not None
+            self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
+        assert self.handle is not None
+        self.deps.run(self.deps.sessions.add_user_message(self.session_id, self.tenant, content))
+        self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
+                               "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic())
+        return self.turn
+
+    def end_turn(self, query_id: str) -> None:
+        if self.turn is None or self.turn.query_id != query_id:
+            return
+        self.turn = None
+        if self.handle is not None:
+            self.deps.pool.mark_waiting(self.handle.sandbox_id)
+        self.row = None  # lastActiveAt changed in storage; read it again on next view
+
+    def interrupt(self) -> dict[str, Any]:
+        if self.turn is None:
+            raise Conflict("No turn is running")
+        turn = self.turn
+        self.deps.run(turn.connection.interrupt(turn.query_id))
+        return {"ok": True, "sessionId": self.session_id}
+
+    def workspace(self) -> Path | None:
+        """The live workspace when this session has a sandbox, else None (use the snapshot)."""
+        return self.handle.paths.workspace if self.handle is not None else None
+
+    def running_turn(self) -> str | None:
+        return self.turn.query_id if self.turn else None
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _transition(self, status: str, action: str, extra: dict[str, Any] | None = None, **values: Any) -> Session:
+        row = self.deps.run(self.deps.sessions.transition(self.session_id, self.tenant, status, action,
+                                                           extra=extra, **values))
+        log.info("session %s", action, extra={"sessionId": self.session_id, "tenant": self.tenant,
+                                               "status": status})
+        return row
+
+    def _fail(self, reason: str) -> None:
+        try:
+            self.row = self._transition("error", "error", extra={"reason": reason}, error=reason)
+        except Exception:
+            log.exception("could not record session error", extra={"sessionId": self.session_id})
+
+    def _pool_alive(self, sandbox_id: str) -> bool:
+        return bool(self.deps.pool.is_alive(sandbox_id).get(timeout=self.deps.ask_timeout))
+
+    def _end_sandbox(self, *, snapshot: bool) -> None:
+        if self.handle is not None and snapshot and self.deps.snapshots is not None:
+            try:
+                self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace).get(timeout=self.deps.ask_timeout)
+            except Exception:
+                log.exception("snapshot at end failed", extra={"sessionId": self.session_id})
+        self._drop_sandbox()
+
+    def _drop_sandbox(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                self.deps.run(conn.shutdown(), timeout=self.deps.shutdown_grace + 1)
+            except Exception:
+                log.debug("bridge shutdown request failed", extra={"sessionId": self.session_id})
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            if self.deps.model_proxy is not None:
+                try:
+                    self.deps.run(self.deps.model_proxy.stop_for(handle.sandbox_id))
+                except Exception:
+                    log.debug("model proxy detach failed", extra={"sandboxId": handle.sandbox_id})
+            self.deps.pool.release(handle.sandbox_id)
+
+
+def _config(row: Session) -> dict[str, Any]:
+    import json
+
+    value = json.loads(row.config or "{}")
+    return value if isinstance(value, dict) else {}

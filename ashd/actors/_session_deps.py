@@ -1,0 +1,60 @@
+"""What a SessionActor needs from the rest of the server, and the immutable values it exchanges."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ashd.storage._sessions import Sessions
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SessionDeps:
+    loop: asyncio.AbstractEventLoop
+    sessions: Sessions
+    pool: Any  # PoolActor proxy
+    snapshots: Any  # SnapshotActor proxy or None
+    model_proxy: Any  # ModelProxy or None
+    resolve_agent: Callable[[str, str], Awaitable[Any]]  # (tenant, name) -> AgentView
+    resolve_credential: Callable[[str, str], Awaitable[Any]]  # (tenant, id) -> ResolvedCredential
+    decrypt_env: Callable[[bytes | None, str], dict[str, str]]
+    count_resume: Callable[[str, str, str], None]  # (path, session id, agent name)
+    record_usage: Callable[[str, str, str, dict[str, float]], Awaitable[None]]
+    fallback_api_key: str | None
+    ask_timeout: float
+    setup_timeout: float
+    shutdown_grace: float
+    network_default: bool
+    sandbox_owner: Callable[[str], tuple[int, int] | None]
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the event loop from an actor thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout or self.ask_timeout)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    session_id: str
+    tenant: str
+    agent_name: str
+    model: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+    credential_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TurnTicket:
+    """Handed to the stream handler when a turn may start."""
+
+    session_id: str
+    tenant: str
+    agent_name: str
+    sandbox_id: str
+    query_id: str
+    connection: Any  # BridgeConnection, used only on the event loop
+    model: str | None
+    started: float

@@ -1,0 +1,130 @@
+"""SessionRegistry: finds or starts the SessionActor of a session; the HTTP layer's entry point.
+
+It lives on the event loop. Session rows are written here only at creation (in `starting`); from
+then on the session's actor owns every transition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from pykka import ActorRef
+
+from ashd.actors._aio import call
+from ashd.actors._pool_types import SandboxLost
+from ashd.actors._session import SessionActor
+from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
+from ashd.storage._models import Session, new_id
+
+log = logging.getLogger(__name__)
+
+
+class SessionRegistry:
+    def __init__(self, deps: SessionDeps) -> None:
+        self.deps = deps
+        self._actors: dict[str, ActorRef[SessionActor]] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def timeout(self) -> float:
+        return self.deps.ask_timeout
+
+    async def _actor(self, tenant: str, session_id: str) -> Any:
+        ref = self._actors.get(session_id)
+        if ref is None or not ref.is_alive():
+            # The row must exist and belong to the tenant before an actor is started for it.
+            await self.deps.sessions.get(tenant, session_id)
+            async with self._lock:
+                ref = self._actors.get(session_id)
+                if ref is None or not ref.is_alive():
+                    ref = SessionActor.start(self.deps, session_id, tenant)
+                    self._actors[session_id] = ref
+        return ref.proxy()
+
+    async def create(self, req: CreateRequest, *, encrypted_env: bytes | None) -> dict[str, Any]:
+        row = Session(id=req.session_id, tenant_id=req.tenant, agent_name=req.agent_name, model=req.model,
+                      status="starting", config=json.dumps(req.config), credential_id=req.credential_id,
+                      env_ciphertext=encrypted_env)
+        await self.deps.sessions.insert(row)
+        proxy = await self._actor(req.tenant, req.session_id)
+        # Creation may install packages and run setup.sh: its budget includes the setup timeout.
+        return await call(proxy.create(req), self.timeout + 2 * self.deps.setup_timeout + 10)
+
+    async def view(self, tenant: str, session_id: str) -> dict[str, Any]:
+        ref = self._actors.get(session_id)
+        if ref is not None and ref.is_alive():
+            view: dict[str, Any] = await call(ref.proxy().view(), self.timeout)
+            if view["tenantId"] == tenant:
+                return view
+        from ashd.storage._sessions import session_json
+
+        return session_json(await self.deps.sessions.get(tenant, session_id))
+
+    async def pause(self, tenant: str, session_id: str) -> dict[str, Any]:
+        return await call((await self._actor(tenant, session_id)).pause(), self.timeout)
+
+    async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
+        proxy = await self._actor(tenant, session_id)
+        return await call(proxy.resume(), self.timeout + 2 * self.deps.setup_timeout + 10)
+
+    async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
+        return await call((await self._actor(tenant, session_id)).stop(), self.timeout * 2)
+
+    async def delete(self, tenant: str, session_id: str) -> dict[str, Any]:
+        proxy = await self._actor(tenant, session_id)
+        view: dict[str, Any] = await call(proxy.delete(), self.timeout * 2)
+        ref = self._actors.pop(session_id, None)
+        if ref is not None:
+            ref.stop(block=False)
+        return view
+
+    async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]:
+        return await call((await self._actor(tenant, session_id)).interrupt(), self.timeout)
+
+    async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None) -> TurnTicket:
+        proxy = await self._actor(tenant, session_id)
+        return await call(proxy.begin_turn(content, model), self.timeout + 2 * self.deps.setup_timeout)
+
+    def end_turn(self, ticket: TurnTicket) -> None:
+        ref = self._actors.get(ticket.session_id)
+        if ref is not None and ref.is_alive():
+            ref.proxy().end_turn(ticket.query_id)
+
+    async def running_turn(self, tenant: str, session_id: str) -> str | None:
+        ref = self._actors.get(session_id)
+        if ref is None or not ref.is_alive():
+            return None
+        return await call(ref.proxy().running_turn(), self.timeout)
+
+    async def workspace(self, tenant: str, session_id: str) -> Any:
+        await self.deps.sessions.get(tenant, session_id)
+        ref = self._actors.get(session_id)
+        if ref is None or not ref.is_alive():
+            return None
+        return await call(ref.proxy().workspace(), self.timeout)
+
+    def on_sandbox_lost(self, lost: SandboxLost) -> None:
+        """Told by the pool (from its thread); forwarded to the session's actor with `tell`."""
+        ref = self._actors.get(lost.session_id)
+        if ref is not None and ref.is_alive():
+            ref.proxy().sandbox_lost(lost)
+
+    async def running_count(self) -> int:
+        busy = 0
+        for ref in list(self._actors.values()):
+            if ref.is_alive() and await call(ref.proxy().running_turn(), self.timeout):
+                busy += 1
+        return busy
+
+    async def stop_all(self) -> None:
+        refs = list(self._actors.values())
+        self._actors.clear()
+        for ref in refs:
+            if ref.is_alive():
+                ref.stop(block=False)
+
+    def new_session_id(self) -> str:
+        return new_id()

@@ -1,0 +1,199 @@
+"""SnapshotActor: takes, finds, restores and deletes workspace snapshots, off the request path.
+
+One per server. The tar work runs in this actor's thread (that is what it is for), so an ask may
+wait behind another session's snapshot: callers ask with a timeout. From asyncio:
+
+    proxy = snapshot_proxy(ref)
+    info = await call(proxy.snapshot(session_id, workspace), timeout)   # ashd.actors._aio.call
+    reader = await call(proxy.reader(session_id), timeout)
+    files = await loop.run_in_executor(None, reader.list_files)         # reading is the caller's
+
+Local snapshots (`<data dir>/snapshots/<session id>/`) are always written first. With a remote
+store (`SERVICE_SNAPSHOT_URL`) each snapshot is then uploaded; a failed upload is logged at
+WARNING, the local snapshot stays, and the upload is retried every `retry_seconds` until it works
+or a newer snapshot of that session has been uploaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pykka
+from pykka.typing import ActorMemberMixin, proxy_method
+
+from ashd.actors._aio import AioActor
+from ashd.errors import ServiceError
+from ashd.storage._snapshots import (
+    DEFAULT_KEEP,
+    SnapshotInfo,
+    info_for,
+    latest_local,
+    prune,
+    remove_stale_partials,
+    restore_workspace,
+    snapshot_workspace,
+)
+from ashd.storage._snapshots_reader import SnapshotReader
+from ashd.storage._snapshots_stores import LocalSnapshotStore, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _RetryUploads:
+    """Sent by the retry timer; handled in the actor thread like any message."""
+
+
+class SnapshotActor(AioActor):
+    def __init__(
+        self,
+        snapshots_dir: Path,
+        remote: SnapshotStore | None = None,
+        *,
+        keep: int = DEFAULT_KEEP,
+        retry_seconds: float = 60.0,
+    ) -> None:
+        super().__init__()
+        self.local = LocalSnapshotStore(snapshots_dir, keep)
+        self.remote = remote
+        self.retry_seconds = retry_seconds
+        self._pending: dict[str, str] = {}  # session id -> key whose upload failed
+        self._timer: threading.Timer | None = None
+
+    def on_start(self) -> None:
+        # One actor per data dir: any partial file left there is a crashed writer's.
+        self.local.root.mkdir(parents=True, exist_ok=True)
+        for entry in os.scandir(self.local.root):
+            if entry.is_dir(follow_symlinks=False):
+                remove_stale_partials(Path(entry.path), older_than=0)
+
+    def on_stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _RetryUploads):
+            return self.retry_uploads()
+        return super().on_receive(message)
+
+    def snapshot(self, session_id: str, workspace: Path) -> SnapshotInfo:
+        """Snapshot `workspace` now; upload it if a remote store is set. Returns the local one."""
+        info = snapshot_workspace(
+            workspace, self.local.session_dir(session_id), session_id, keep=self.local.keep
+        )
+        if self.remote is not None:
+            self._upload(session_id, info)
+        return info
+
+    def latest(self, session_id: str) -> SnapshotInfo | None:
+        """The newest snapshot of the session, as a local file.
+
+        Local first; with a remote store, one listing also checks whether another runner stored a
+        newer one (the session may have run elsewhere since), which is then downloaded into the
+        local cache. A remote that cannot be reached leaves the local answer, with a WARNING.
+        """
+        directory = self.local.session_dir(session_id)
+        local = latest_local(directory, session_id)
+        if self.remote is None:
+            return local
+        try:
+            key = self.remote.latest(session_id)
+            if key is None or (local is not None and key <= local.key):
+                return local
+            self.remote.get(session_id, key, directory / key)
+        except (ServiceError, OSError) as exc:
+            log.warning("remote snapshot store unavailable, using the local snapshot",
+                        extra={"session_id": session_id, "store": self.remote.description,
+                               "error": str(exc)})
+            return local
+        prune(directory, self.local.keep)
+        return info_for(session_id, directory / key)
+
+    def restore(self, session_id: str, dest: Path) -> bool:
+        """Restore the newest snapshot into `dest`; False when the session has none."""
+        info = self.latest(session_id)
+        if info is None:
+            return False
+        restore_workspace(info, dest)
+        return True
+
+    def reader(self, session_id: str) -> SnapshotReader | None:
+        """A reader on the newest snapshot (the caller reads it in an executor and closes it)."""
+        info = self.latest(session_id)
+        return SnapshotReader(info.path) if info is not None else None
+
+    def delete(self, session_id: str) -> None:
+        """Forget every snapshot of the session, local and remote."""
+        self._pending.pop(session_id, None)
+        self.local.delete_session(session_id)
+        if self.remote is not None:
+            try:
+                self.remote.delete_session(session_id)
+            except (ServiceError, OSError) as exc:
+                log.warning("could not delete remote snapshots",
+                            extra={"session_id": session_id, "store": self.remote.description,
+                                   "error": str(exc)})
+
+    def pending_uploads(self) -> dict[str, str]:
+        """Sessions whose newest snapshot is not uploaded yet (session id -> key)."""
+        return dict(self._pending)
+
+    def retry_uploads(self) -> int:
+        """Upload each pending session's newest local snapshot; return how many are still pending."""
+        self._timer = None
+        for session_id in list(self._pending):
+            info = latest_local(self.local.session_dir(session_id), session_id)
+            if info is None:
+                self._pending.pop(session_id, None)
+            else:
+                self._upload(session_id, info)
+        return len(self._pending)
+
+    def _upload(self, session_id: str, info: SnapshotInfo) -> None:
+        assert self.remote is not None
+        try:
+            self.remote.put(session_id, info.path)
+        except (ServiceError, OSError) as exc:
+            log.warning("snapshot upload failed; kept locally, will retry",
+                        extra={"session_id": session_id, "key": info.key,
+                               "store": self.remote.description, "error": str(exc)})
+            self._pending[session_id] = info.key
+            self._schedule_retry()
+            return
+        if self._pending.get(session_id, "") <= info.key:
+            self._pending.pop(session_id, None)
+
+    def _schedule_retry(self) -> None:
+        if self._timer is not None:
+            return
+        ref = self.actor_ref
+
+        def fire() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_RetryUploads())
+
+        self._timer = threading.Timer(self.retry_seconds, fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+
+class SnapshotProxy(ActorMemberMixin, pykka.ActorProxy[SnapshotActor]):
+    """Typed proxy: every method returns a future; await it with `ashd.actors._aio.call`."""
+
+    snapshot = proxy_method(SnapshotActor.snapshot)
+    latest = proxy_method(SnapshotActor.latest)
+    restore = proxy_method(SnapshotActor.restore)
+    reader = proxy_method(SnapshotActor.reader)
+    delete = proxy_method(SnapshotActor.delete)
+    pending_uploads = proxy_method(SnapshotActor.pending_uploads)
+    retry_uploads = proxy_method(SnapshotActor.retry_uploads)
+
+
+def snapshot_proxy(ref: pykka.ActorRef[SnapshotActor]) -> SnapshotProxy:
+    return cast(SnapshotProxy, ref.proxy())

@@ -1,0 +1,54 @@
+"""`python -m ashd.bridge --socket /run/ashd/bridge.sock [--model-socket ...] [--workspace ...]`.
+
+`main(argv)` is also what a fork server (zygote) calls after pre-importing anthropic. Imports stay
+light at module level: the engine modules are imported when `main` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ashd.bridge", description="ashd in-sandbox bridge")
+    parser.add_argument("--socket", default="/run/ashd/bridge.sock", help="Unix socket to listen on")
+    parser.add_argument(
+        "--model-socket", default="/run/ashd/model.sock", help="the server's model proxy socket"
+    )
+    parser.add_argument("--workspace", default="/workspace", help="the agent's working directory")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from ashd.bridge._server import BridgeServer
+
+    server = BridgeServer(args.socket, args.model_socket or None, args.workspace)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop)
+    return await server.serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s bridge %(levelname)s %(name)s: %(message)s",
+    )
+    # httpx2/mcp are chatty at INFO (one line per request); keep the bridge log about the bridge.
+    for noisy in ("httpx", "httpx2", "mcp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return asyncio.run(_serve(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

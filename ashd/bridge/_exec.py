@@ -1,0 +1,57 @@
+"""The `exec` command: run a program in the workspace and return its capped output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+OUTPUT_CAP_BYTES = 1024 * 1024
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def _capped(data: bytes) -> str:
+    text = data[:OUTPUT_CAP_BYTES].decode(errors="replace")
+    if len(data) > OUTPUT_CAP_BYTES:
+        text += f"\n... [truncated: {len(data) - OUTPUT_CAP_BYTES} more bytes]"
+    return text
+
+
+async def run_exec(argv: Any, timeout: Any, workspace: Path, env: dict[str, str]) -> dict[str, Any]:
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return {"exitCode": -1, "stdout": "", "stderr": "exec: 'argv' must be a non-empty list of strings"}
+    limit = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else DEFAULT_TIMEOUT_S
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(workspace),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return {"exitCode": 127, "stdout": "", "stderr": f"exec: cannot start {argv[0]}: {exc}"}
+    timed_out = False
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), limit)
+    except TimeoutError:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = await proc.communicate()
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    stderr = _capped(err)
+    if timed_out:
+        stderr += f"\nexec: timed out after {limit:g}s"
+    result: dict[str, Any] = {"exitCode": proc.returncode, "stdout": _capped(out), "stderr": stderr}
+    if timed_out:
+        result["timedOut"] = True
+    return result

@@ -1,0 +1,268 @@
+"""The bridge's socket server: one server connection at a time, commands dispatched to the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from ashd import __version__
+from ashd.bridge import protocol as p
+from ashd.bridge._exec import run_exec
+from ashd.bridge._setup import SetupFailed, run_setup
+from ashd.bridge.engine import Engine, EngineConfig, EngineError
+
+log = logging.getLogger(__name__)
+
+
+class BridgeServer:
+    def __init__(self, socket_path: str, model_socket: str | None, workspace: str) -> None:
+        self.socket_path = socket_path
+        self.model_socket = model_socket
+        self.workspace = Path(workspace)
+        self.engine: Engine | None = None
+        self.conn: Connection | None = None
+        self._stop = asyncio.Event()
+
+    async def serve(self) -> int:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)  # a stale socket from an earlier bridge
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            listener.bind(self.socket_path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        listener.listen(4)
+        listener.setblocking(False)
+        log.info("bridge listening on %s (pid %d)", self.socket_path, os.getpid())
+        accept = asyncio.create_task(self._accept(listener))
+        try:
+            await self._stop.wait()
+        finally:
+            accept.cancel()
+            if self.engine is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.engine.close(), 10)
+            if self.conn is not None:
+                await self.conn.close()
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+        return 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            if self.conn is not None:
+                log.info("a new server connection replaces the old one")
+                await self.conn.close()
+            self.conn = Connection(self, sock)
+            self.conn.start()
+
+    async def log_event(self, level: str, message: str) -> None:
+        getattr(log, level if level in ("debug", "info", "warning", "error") else "info")("%s", message)
+        conn = self.conn
+        if conn is not None:
+            await conn.send_quiet(p.make(p.LOG, level=level, message=message))
+
+
+class Connection:
+    def __init__(self, server: BridgeServer, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        p.shrink_buffers(sock)
+        self.server = server
+        self.sock = sock
+        self.reader = p.FrameReader(sock)
+        self.writer = p.FrameWriter(sock)
+        self.greeted = False
+        self.queries: dict[str, asyncio.Task[None]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._main = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        current = asyncio.current_task()
+        for task in [self._main, *self.tasks]:
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+        pending = [t for t in [self._main, *self.tasks] if t is not None and t is not current]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        self.sock.close()
+        if self.server.conn is self:
+            self.server.conn = None
+
+    async def send(self, frame: p.Frame) -> None:
+        await self.writer.write(frame)
+
+    async def send_quiet(self, frame: p.Frame) -> None:
+        with contextlib.suppress(OSError):
+            await self.writer.write(frame)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    frame = await self.reader.read()
+                except p.FrameTooLarge as exc:
+                    await self.send(p.make(p.ERROR, error=f"frame refused: {exc}"))
+                    continue
+                except p.ProtocolError as exc:
+                    await self.send(p.make(p.ERROR, error=f"bad frame: {exc}"))
+                    continue
+                if frame is None:
+                    break
+                await self._dispatch(frame)
+        except OSError as exc:
+            log.info("server connection lost: %s", exc)
+        finally:
+            for task in list(self.tasks):
+                task.cancel()
+            if self.server.conn is self:
+                self.server.conn = None
+            self.sock.close()
+
+    async def _dispatch(self, frame: p.Frame) -> None:
+        kind = frame["type"]
+        fid = frame.get("id")
+        fid = str(fid) if fid is not None else None
+        if kind == p.HELLO:
+            await self._hello(frame)
+            return
+        if not self.greeted:
+            await self.send(p.make(p.ERROR, id=fid, error="protocol: send hello before any other command"))
+            return
+        if kind == p.PING:
+            await self.send(p.make(p.PONG, id=fid))
+        elif kind == p.INIT:
+            self._spawn(self._init(fid, frame.get("config") or {}))
+        elif kind == p.QUERY:
+            if fid is None:
+                await self.send(p.make(p.ERROR, error="protocol: query needs an id"))
+                return
+            self.queries[fid] = self._spawn(self._query(fid, frame))
+        elif kind == p.INTERRUPT:
+            task = self.queries.get(fid or "")
+            if task is not None and not task.done():
+                task.cancel()
+        elif kind == p.EXEC:
+            self._spawn(self._exec(fid, frame))
+        elif kind == p.SHUTDOWN:
+            log.info("shutdown requested")
+            self.server.stop()
+        elif fid is not None:
+            await self.send(p.make(p.ERROR, id=fid, error=f"protocol: unknown command type {kind!r}"))
+
+    async def _hello(self, frame: p.Frame) -> None:
+        offered = frame.get("protocols") or [frame.get("protocol")]
+        common = [v for v in p.SUPPORTED_VERSIONS if v in offered]
+        if not common:
+            await self.send(
+                p.make(
+                    p.ERROR,
+                    error=(
+                        f"protocol: unsupported version {offered}; "
+                        f"this bridge speaks {list(p.SUPPORTED_VERSIONS)}"
+                    ),
+                )
+            )
+            return
+        self.greeted = True
+        await self.send(
+            p.make(
+                p.READY,
+                protocol=max(common),
+                pid=os.getpid(),
+                bridgeVersion=__version__,
+                capabilities=["init", "query", "interrupt", "exec", "shutdown", "ping", "log"],
+            )
+        )
+
+    async def _init(self, fid: str | None, config: dict[str, Any]) -> None:
+        server = self.server
+        try:
+            cfg = EngineConfig.from_init(config, server.workspace, server.model_socket)
+            if config.get("runSetup"):
+                await run_setup(
+                    server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.log_event
+                )
+            engine = Engine(cfg, server.log_event)
+            await engine.start()
+        except SetupFailed as exc:
+            await self.send_quiet(p.make(p.ERROR, id=fid, error=str(exc)))
+            return
+        except Exception as exc:
+            log.exception("init failed")
+            await self.send_quiet(p.make(p.ERROR, id=fid, error=f"init failed: {type(exc).__name__}: {exc}"))
+            return
+        old, server.engine = server.engine, engine
+        if old is not None:
+            await old.close()
+        await self.send_quiet(
+            p.make(
+                p.INIT_OK,
+                id=fid,
+                sessionId=engine.session_id,
+                model=cfg.default_model(),
+                mcpServers=engine.mcp.status(),
+            )
+        )
+
+    async def _query(self, fid: str, frame: p.Frame) -> None:
+        engine = self.server.engine
+        try:
+            if engine is None:
+                raise EngineError("protocol: send init before query")
+            prompt = frame.get("prompt")
+            if not isinstance(prompt, str | list):
+                raise EngineError("protocol: query needs a 'prompt' (string or content blocks)")
+
+            async def emit(data: dict[str, Any]) -> None:
+                await self.send(p.make(p.MESSAGE, id=fid, data=data))
+
+            await engine.query(
+                prompt,
+                emit=emit,
+                model=frame.get("model") or None,
+                include_partial=bool(frame.get("includePartialMessages")),
+            )
+        except asyncio.CancelledError:
+            if self.sock.fileno() < 0:
+                raise
+            await self.send_quiet(p.make(p.ERROR, id=fid, error="interrupted"))
+        except EngineError as exc:
+            await self.send_quiet(p.make(p.ERROR, id=fid, error=str(exc)))
+        except OSError:
+            return  # the connection is gone; nobody to tell
+        except Exception as exc:
+            log.exception("query failed")
+            await self.send_quiet(
+                p.make(p.ERROR, id=fid, error=f"bridge failure: {type(exc).__name__}: {exc}")
+            )
+        finally:
+            self.queries.pop(fid, None)
+        await self.send_quiet(p.make(p.DONE, id=fid))
+
+    async def _exec(self, fid: str | None, frame: p.Frame) -> None:
+        engine = self.server.engine
+        env = engine.config.tool_env() if engine is not None else dict(os.environ)
+        result = await run_exec(frame.get("argv"), frame.get("timeout"), self.server.workspace, env)
+        await self.send_quiet(p.make(p.EXEC_RESULT, id=fid, **result))

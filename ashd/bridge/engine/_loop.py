@@ -1,0 +1,264 @@
+"""The agent loop: call the model, run the tools it asks for, repeat until it ends its turn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+
+from ashd.bridge.engine import _messages as m
+from ashd.bridge.engine._config import EngineConfig
+from ashd.bridge.engine._cost import estimate_cost
+from ashd.bridge.engine._mcp import LogFn, McpManager
+from ashd.bridge.engine._model import ModelError, call_model, make_client
+from ashd.bridge.engine._permissions import Permissions
+from ashd.bridge.engine._skills import expand_skill
+from ashd.bridge.engine.tools import Tool, ToolContext, ToolResult, builtin_tools
+from ashd.bridge.engine.tools._task import TaskTool
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+MODEL_ALIASES = {"sonnet": "claude-sonnet-4-5", "opus": "claude-opus-4-5", "haiku": "claude-haiku-4-5"}
+
+
+class EngineError(Exception):
+    """A query failed; the message is meant for a person."""
+
+
+@dataclass
+class RunStats:
+    usage: dict[str, int] = field(default_factory=m.empty_usage)
+    api_ms: float = 0.0
+    num_turns: int = 0
+    tool_calls: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass
+class Profile:
+    system: str | None
+    tools: dict[str, Tool]
+    model: str
+
+
+@dataclass
+class _Query:
+    emit: Emit
+    include_partial: bool
+    stats: RunStats
+    model: str
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, log_fn: LogFn) -> None:
+        self.config = config
+        self.session_id = config.session_id or m.new_uuid()
+        self.messages: list[dict[str, Any]] = [dict(x) for x in config.history]
+        self.permissions = Permissions(
+            config.permission_mode,
+            config.allow_rules(),
+            config.deny_rules(),
+            config.allowed_tools,
+            config.disallowed_tools,
+        )
+        self.mcp = McpManager(config.workspace, config.tool_env(), log_fn)
+        self._client: anthropic.AsyncAnthropic | None = None
+        self._query: _Query | None = None
+
+    async def start(self) -> None:
+        await self.mcp.start()
+
+    async def close(self) -> None:
+        await self.mcp.stop()
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic:
+        if self._client is None:
+            self._client = make_client(self.config.model_socket)
+        return self._client
+
+    # -- tools and profiles ------------------------------------------------------------------
+    def _available(self) -> dict[str, Tool]:
+        tools: list[Tool] = [
+            *builtin_tools(),
+            TaskTool(self._run_task, self.config.subagents),
+            *self.mcp.tools(),
+        ]
+        return {t.name: t for t in tools if self.permissions.offered(t.name)}
+
+    def _profile(self, query_model: str | None) -> Profile:
+        tools = self._available()
+        system = self.config.system_prompt
+        agent_model: str | None = None
+        name = self.config.initial_agent
+        if name and name in self.config.subagents:
+            agent = self.config.subagents[name]
+            system = str(agent.get("prompt") or system or "")
+            tools = _subset(tools, agent.get("tools"))
+            agent_model = _model_name(agent.get("model"))
+        model = query_model or self.config.model or agent_model or self.config.default_model()
+        return Profile(system, tools, model)
+
+    # -- queries -----------------------------------------------------------------------------
+    async def query(
+        self,
+        prompt: str | list[dict[str, Any]],
+        *,
+        emit: Emit,
+        model: str | None = None,
+        include_partial: bool = False,
+    ) -> dict[str, Any]:
+        """Run one user turn to completion; emits SDK messages and returns the result message."""
+        if self._query is not None:
+            raise EngineError("a query is already running in this session")
+        started = time.monotonic()
+        profile = self._profile(model)
+        stats = RunStats()
+        self._query = _Query(emit, include_partial, stats, profile.model)
+        content = (expand_skill(self.config.workspace, prompt) if isinstance(prompt, str) else None) or prompt
+        m.append_user(self.messages, content)
+        try:
+            subtype, text = await self._loop(self.messages, profile, None, self.config.max_turns)
+        except ModelError as exc:
+            await emit(self._result(stats, started, "error_during_execution", str(exc)))
+            raise EngineError(str(exc)) from exc
+        except asyncio.CancelledError:
+            m.close_dangling_tool_uses(self.messages, "interrupted by the user")
+            raise
+        except Exception as exc:
+            m.close_dangling_tool_uses(self.messages, f"engine failure: {exc}")
+            log.exception("engine failure")
+            raise EngineError(f"agent engine failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._query = None
+        result = self._result(stats, started, subtype, text)
+        await emit(result)
+        return result
+
+    def _result(self, stats: RunStats, started: float, subtype: str, text: str) -> dict[str, Any]:
+        return {
+            "type": "result",
+            "subtype": subtype,
+            "duration_ms": int((time.monotonic() - started) * 1000),
+            "duration_api_ms": int(stats.api_ms),
+            "is_error": subtype != "success",
+            "num_turns": stats.num_turns,
+            "result": text,
+            "session_id": self.session_id,
+            "total_cost_usd": round(stats.cost_usd, 8),
+            "usage": dict(stats.usage),
+            "tool_calls": stats.tool_calls,
+            "uuid": m.new_uuid(),
+        }
+
+    async def _loop(
+        self, messages: list[dict[str, Any]], profile: Profile, parent: str | None, max_turns: int
+    ) -> tuple[str, str]:
+        q = self._query
+        assert q is not None
+        turns = 0
+        while True:
+            if turns >= max_turns:
+                return "error_max_turns", f"stopped after reaching the maximum of {max_turns} turns"
+            params: dict[str, Any] = {
+                "model": profile.model,
+                "max_tokens": self.config.max_tokens,
+                "messages": messages,
+            }
+            if profile.system:
+                params["system"] = profile.system
+            if profile.tools:
+                params["tools"] = [
+                    {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                    for t in profile.tools.values()
+                ]
+
+            async def on_event(event: dict[str, Any]) -> None:
+                await q.emit(m.stream_event(event, self.session_id, parent))
+
+            call = await call_model(
+                self.client, params, betas=self.config.betas, on_event=on_event if q.include_partial else None
+            )
+            turns += 1
+            q.stats.num_turns += 1
+            q.stats.api_ms += call.api_ms
+            msg = call.message
+            m.add_usage(q.stats.usage, msg.get("usage"))
+            q.stats.cost_usd += estimate_cost(str(msg.get("model") or profile.model), msg.get("usage") or {})
+            messages.append({"role": "assistant", "content": msg.get("content") or []})
+            await q.emit(m.assistant(msg, self.session_id, parent))
+            uses = [b for b in msg.get("content") or [] if b.get("type") == "tool_use"]
+            if msg.get("stop_reason") != "tool_use" or not uses:
+                return "success", m.text_of(msg)
+            results = [await self._run_tool(b, profile.tools) for b in uses]
+            messages.append({"role": "user", "content": results})
+            await q.emit(m.user_tool_results(results, self.session_id, parent))
+
+    async def _run_tool(self, block: dict[str, Any], tools: dict[str, Tool]) -> dict[str, Any]:
+        assert self._query is not None
+        self._query.stats.tool_calls += 1
+        name = str(block.get("name"))
+        raw_args = block.get("input")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+        refusal = self.permissions.check(name, args)
+        tool = tools.get(name)
+        if refusal is None and tool is None:
+            refusal = f"No such tool available: {name}"
+        if refusal is not None or tool is None:
+            result = ToolResult(refusal or f"No such tool available: {name}", is_error=True)
+        else:
+            ctx = ToolContext(self.config.workspace, self.config.tool_env(), str(block.get("id")))
+            try:
+                result = await tool.run(args, ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failing tool is reported to the model
+                result = ToolResult(f"Error: {exc}", is_error=True)
+        out: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": block.get("id"),
+            "content": result.content,
+        }
+        if result.is_error:
+            out["is_error"] = True
+        return out
+
+    async def _run_task(self, agent: str, prompt: str, tool_use_id: str) -> ToolResult:
+        q = self._query
+        assert q is not None
+        main = self._profile(q.model)
+        definition = self.config.subagents.get(agent)
+        if definition is None and agent != "general-purpose":
+            known = ", ".join(sorted(self.config.subagents)) or "none"
+            return ToolResult(f"Unknown subagent_type '{agent}'. Available: {known}", is_error=True)
+        definition = definition or {}
+        tools = {k: v for k, v in self._available().items() if k != "Task"}
+        profile = Profile(
+            system=str(definition.get("prompt") or main.system or ""),
+            tools=_subset(tools, definition.get("tools")),
+            model=_model_name(definition.get("model")) or main.model,
+        )
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns)
+        return ToolResult(text or "(the subagent returned no text)", is_error=subtype != "success")
+
+
+def _subset(tools: dict[str, Tool], names: Any) -> dict[str, Tool]:
+    if not isinstance(names, list):
+        return tools
+    wanted = {str(n) for n in names}
+    return {k: v for k, v in tools.items() if k in wanted}
+
+
+def _model_name(value: Any) -> str | None:
+    if not isinstance(value, str) or not value or value == "inherit":
+        return None
+    return MODEL_ALIASES.get(value, value)

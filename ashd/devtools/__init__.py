@@ -1,0 +1,1 @@
+"""Development tools shipped with ashd (not used by the running service)."""

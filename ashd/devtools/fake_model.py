@@ -1,0 +1,168 @@
+"""A fake Anthropic Messages API for tests and offline development.
+
+Speaks the real wire format (`POST /v1/messages`, streaming SSE or one JSON reply,
+`POST /v1/messages/count_tokens`) and is driven by scripts; see `docs/fake-model.md`.
+
+    python -m ashd.devtools.fake_model --port 8787
+
+In-process:
+
+    fake = FakeModel()
+    url = await fake.start()                      # http://127.0.0.1:<free port>
+    fake.script("tok-1", [{"content": [{"type": "text", "text": "hi"}]}])
+    ...
+    fake.requests                                 # [{"path", "headers", "body"}, ...]
+    await fake.stop()
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from ashd.devtools._fake_script import ScriptBook, estimate_input_tokens
+from ashd.devtools._fake_stream import error_body, full_message, sse_events
+
+DEFAULT_MODEL = "claude-fake-model"
+
+
+class FakeModel:
+    def __init__(self) -> None:
+        self.scripts = ScriptBook()
+        self._requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- in-process API ----------------------------------------------------------------------
+    def script(self, match: str, turns: list[dict[str, Any]]) -> None:
+        """Register (or replace) the script selected by `match`."""
+        self.scripts.register(match, turns)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._requests)
+
+    def requests_containing(self, token: str) -> list[dict[str, Any]]:
+        """Recorded requests whose body mentions `token` (isolates one test among many)."""
+        return [r for r in self.requests if token in json.dumps(r["body"])]
+
+    def reset(self) -> None:
+        self.scripts.clear()
+        with self._lock:
+            self._requests.clear()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_post("/_fake/scripts", self._post_script)
+        app.router.add_get("/_fake/scripts", self._get_scripts)
+        app.router.add_get("/_fake/requests", self._get_requests)
+        app.router.add_delete("/_fake/requests", self._delete_requests)
+        app.router.add_post("/_fake/reset", self._reset)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        assert getattr(server, "sockets", None)
+        bound = server.sockets[0].getsockname()  # type: ignore[attr-defined]
+        self.url = f"http://{host}:{bound[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- handlers ----------------------------------------------------------------------------
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response(error_body(400, "request body is not JSON"), status=400)
+        with self._lock:
+            self._requests.append({"path": request.path_qs, "headers": dict(request.headers), "body": body})
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return web.json_response(error_body(400, "messages: field required"), status=400)
+        turn = self.scripts.pick(body)
+        err = turn.get("error")
+        if isinstance(err, dict):
+            status = int(err.get("status", 500))
+            headers = {}
+            if err.get("retryAfter") is not None:
+                headers["retry-after"] = str(err["retryAfter"])
+            message = str(err.get("message") or f"fake error {status}")
+            return web.json_response(
+                error_body(status, message, err.get("type")), status=status, headers=headers
+            )
+        model = str(body.get("model") or DEFAULT_MODEL)
+        tokens = estimate_input_tokens(body)
+        if not body.get("stream"):
+            return web.json_response(full_message(turn, model, tokens))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        delay = float(turn.get("delay") or 0)
+        for name, data in sse_events(turn, model, tokens):
+            if delay:
+                await asyncio.sleep(delay)
+            await resp.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        with self._lock:
+            self._requests.append({"path": request.path_qs, "headers": dict(request.headers), "body": body})
+        return web.json_response({"input_tokens": estimate_input_tokens(body)})
+
+    async def _post_script(self, request: web.Request) -> web.Response:
+        try:
+            data = await request.json()
+            self.scripts.register(str(data.get("match") or ""), data.get("turns"))
+        except (ValueError, AttributeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"ok": True}, status=201)
+
+    async def _get_scripts(self, request: web.Request) -> web.Response:
+        return web.json_response({"scripts": self.scripts.listing()})
+
+    async def _get_requests(self, request: web.Request) -> web.Response:
+        token = request.query.get("contains")
+        rows = self.requests_containing(token) if token else self.requests
+        return web.json_response({"requests": rows})
+
+    async def _delete_requests(self, request: web.Request) -> web.Response:
+        with self._lock:
+            self._requests.clear()
+        return web.json_response({"ok": True})
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ashd.devtools.fake_model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8787)
+    args = parser.parse_args(argv)
+    fake = FakeModel()
+    print(f"fake Messages API on http://{args.host}:{args.port}", flush=True)
+    web.run_app(fake.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""Agents: deploy (upsert), list, get, patch, delete, and read the agent folder's files."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ashd.errors import BadRequest
+from ashd.http._json import body_object, ok, opt_str, opt_str_map, req_str, tenant
+from ashd.http._keys import SERVICES
+from ashd.storage import _files
+from ashd.storage._agents import KEEP, AgentFile, Agents
+
+routes = web.RouteTableDef()
+_CHUNK = 256 * 1024
+
+
+def _agents(request: web.Request) -> Agents:
+    return Agents.of(request.app[SERVICES])
+
+
+def _files_body(body: dict[str, Any]) -> list[AgentFile] | None:
+    raw = body.get("files")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise BadRequest("`files` must be an array of {path, content, encoding?}")
+    files = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+            raise BadRequest(f"`files[{i}]` must be an object with a string `path`")
+        content, encoding = item.get("content"), item.get("encoding")
+        if not isinstance(content, str):
+            raise BadRequest(f"`files[{i}].content` must be a string")
+        if encoding == "base64":
+            try:
+                data = base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise BadRequest(f"`files[{i}].content` is not valid base64") from exc
+        elif encoding in (None, "utf-8", "utf8"):
+            data = content.encode()
+        else:
+            raise BadRequest(f"`files[{i}].encoding` must be \"base64\" or omitted (UTF-8 text)")
+        files.append(AgentFile(item["path"], data))
+    return files
+
+
+def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(f"`{key}` must be a boolean")
+    return value
+
+
+@routes.post("/api/agents")
+async def deploy(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    record = await _agents(request).deploy(
+        tenant(request), req_str(body, "name", max_len=255),
+        path=opt_str(body, "path", max_len=4096),
+        files=_files_body(body),
+        system_prompt=opt_str(body, "systemPrompt", max_len=1_000_000),
+        model=opt_str(body, "model", max_len=255),
+        env=opt_str_map(body, "env"),
+        network=_opt_bool(body, "network"),
+    )
+    return ok({"agent": record.to_json()}, status=201)
+
+
+@routes.get("/api/agents")
+async def list_agents(request: web.Request) -> web.Response:
+    return ok({"agents": [a.to_json() for a in await _agents(request).list(tenant(request))]})
+
+
+@routes.get("/api/agents/{name}")
+async def get_agent(request: web.Request) -> web.Response:
+    record = await _agents(request).get(tenant(request), request.match_info["name"])
+    return ok({"agent": record.to_json()})
+
+
+@routes.patch("/api/agents/{name}")
+async def patch_agent(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    if not {"model", "env", "network"} & set(body):
+        raise BadRequest("nothing to update: send `model`, `env` and/or `network`")
+    record = await _agents(request).patch(
+        tenant(request), request.match_info["name"],
+        model=opt_str(body, "model", max_len=255) if "model" in body else KEEP,
+        env=opt_str_map(body, "env") if "env" in body else KEEP,
+        network=bool(_opt_bool(body, "network")) if "network" in body else KEEP,
+    )
+    return ok({"agent": record.to_json()})
+
+
+@routes.delete("/api/agents/{name}")
+async def delete_agent(request: web.Request) -> web.Response:
+    await _agents(request).delete(tenant(request), request.match_info["name"])
+    return ok({"ok": True})
+
+
+@routes.get("/api/agents/{name}/files")
+async def list_files(request: web.Request) -> web.Response:
+    root = await _agents(request).folder(tenant(request), request.match_info["name"])
+    files = await asyncio.to_thread(_files.list_files, root)
+    return ok({"files": [f.to_json() for f in files]})
+
+
+def _read_json(root: Path, rel: str) -> dict[str, Any]:
+    path = _files.resolve_file(root, rel)
+    content = _files.read_for_json(path)
+    return {"path": _files.check_relative_path(rel), "content": content, "size": len(content.encode())}
+
+
+@routes.get("/api/agents/{name}/files/{path:.*}")
+async def get_file(request: web.Request) -> web.StreamResponse:
+    root = await _agents(request).folder(tenant(request), request.match_info["name"])
+    rel = request.match_info["path"]
+    fmt = request.query.get("format", "json")
+    if fmt == "json":
+        return ok(await asyncio.to_thread(_read_json, root, rel))
+    if fmt != "raw":
+        raise BadRequest("query `format` must be `json` or `raw`")
+    fh, size = await asyncio.to_thread(_files.open_file, root, rel)
+    try:
+        _files.check_raw_size(size)
+        cleaned = _files.check_relative_path(rel)
+        resp = web.StreamResponse(headers={
+            "Content-Type": _files.mime_type(cleaned),
+            "Content-Disposition": _files.content_disposition(cleaned),
+            "Content-Length": str(size),
+        })
+        await resp.prepare(request)
+        remaining = size
+        while remaining > 0:
+            chunk = await asyncio.to_thread(fh.read, min(_CHUNK, remaining))
+            if not chunk:
+                break  # truncated while being read; the client sees a short body
+            await resp.write(chunk)
+            remaining -= len(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        await asyncio.to_thread(fh.close)

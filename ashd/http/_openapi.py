@@ -1,0 +1,66 @@
+"""The OpenAPI 3.1 document of the whole server, served at GET /openapi.json.
+
+Written by hand (in `_openapi_*.py`) rather than generated, so it can say what the code cannot:
+error cases, limits, the SSE frame format. `tests/integration/test_openapi.py` keeps it honest: the
+document must validate and list exactly the routes the aiohttp router serves.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from ashd import API_VERSION
+from ashd.http import _openapi_paths_ops, _openapi_paths_resources, _openapi_paths_sessions
+from ashd.http._openapi_common import error_responses
+from ashd.http._openapi_schemas import SCHEMAS
+
+_TAGS = [
+    ("agents", "Deploy and inspect agents (a folder with AGENT.md)"),
+    ("sessions", "Conversations with agents, each in its own sandbox"),
+    ("credentials", "Model and service keys, stored encrypted, injected into sessions"),
+    ("usage", "Token, tool and compute usage per turn"),
+    ("api-keys", "API keys of the caller's tenant"),
+    ("operations", "Health, metrics and documentation (no authentication)"),
+    ("internal", "Runner and operator endpoints (internal secret)"),
+]
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for module in (_openapi_paths_resources, _openapi_paths_sessions, _openapi_paths_ops):
+        for path, item in module.PATHS.items():
+            paths.setdefault(path, {}).update(item)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ashd",
+            "version": API_VERSION,
+            "description": "Hosted agent orchestration: agents behind a REST API, replies as Server-Sent "
+                           "Events, one sandbox per session. Every error body is an ApiError.",
+        },
+        "servers": [{"url": "/"}],
+        "tags": [{"name": name, "description": text} for name, text in _TAGS],
+        "security": [{"bearerApiKey": []}],
+        "paths": paths,
+        "components": {
+            "schemas": SCHEMAS,
+            "responses": error_responses(),
+            "securitySchemes": {
+                "bearerApiKey": {
+                    "type": "http", "scheme": "bearer",
+                    "description": "`Authorization: Bearer <API key>`; the key maps to a tenant",
+                },
+                "internalSecret": {"type": "http", "scheme": "bearer",
+                                   "description": "`Authorization: Bearer <SERVICE_INTERNAL_SECRET>` "
+                                                  "(required whenever the secret is set)"},
+            },
+        },
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the document (callers may not mutate the cached one)."""
+    return copy.deepcopy(_document())

@@ -1,0 +1,101 @@
+"""OpenAPI paths: sessions, their messages, stream, events and files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ashd.http._openapi_common import body, op, path_param, query, reply, wrapped
+from ashd.http._openapi_schemas import BOOL, INT, STR, ref
+
+SID = path_param("id", "session id", fmt="uuid")
+SESSION = wrapped("session", ref("Session"))
+SSE_TEXT = (
+    "Server-Sent Events. Frames `event: message` (an SDK message, passed through unchanged), "
+    "`event: error` (`{error}`) and exactly one final `event: done` (`{sessionId}`). Each frame has an "
+    "`id:` (its stored event sequence) for reconnecting with `Last-Event-ID`; `: ping` comments every 15 s."
+)
+SSE = {"description": SSE_TEXT, "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+PAGE_100 = query("limit", {**INT, "minimum": 1, "maximum": 1000, "default": 100}, "page size")
+PAGE_200 = query("limit", {**INT, "minimum": 1, "maximum": 1000, "default": 200}, "page size")
+AFTER = query("after", INT, "sequence cursor: only records with a greater sequence")
+
+
+def _action(op_id: str, summary: str, errors: tuple[int, ...], description: str) -> dict[str, Any]:
+    return {"post": op(op_id, summary, "sessions", {200: reply("The session", SESSION)}, errors=errors,
+                       params=[SID], description=description)}
+
+
+PATHS: dict[str, dict[str, Any]] = {
+    "/api/sessions": {
+        "post": op("createSession", "Create a session for a deployed agent", "sessions",
+                   {201: reply("The session, `active` once its sandbox is ready", SESSION)},
+                   errors=(400, 404, 500, 503), request=body(ref("CreateSessionRequest"))),
+        "get": op("listSessions", "List the tenant's sessions", "sessions",
+                  {200: reply("Sessions", wrapped("sessions", ref("Session"), many=True))},
+                  params=[query("agent", STR, "only sessions of this agent")]),
+    },
+    "/api/sessions/{id}": {
+        "get": op("getSession", "Get a session", "sessions", {200: reply("The session", SESSION)},
+                  errors=(404,), params=[SID]),
+        "delete": op("endSession", "End a session (sandbox destroyed, history kept)", "sessions",
+                     {200: reply("The session, `ended`", SESSION)}, errors=(404,), params=[SID]),
+    },
+    "/api/sessions/{id}/pause": _action(
+        "pauseSession", "Pause an active session", (400, 404),
+        "Only an `active` session can be paused; any other status is 400 naming it."),
+    "/api/sessions/{id}/resume": _action(
+        "resumeSession", "Resume a session (warm or cold path)", (404, 410, 500, 503),
+        "Warm when the original sandbox is alive, else cold with the workspace restored from a snapshot. "
+        "An `active` session is returned as is; an `ended` one is 410."),
+    "/api/sessions/{id}/stop": _action(
+        "stopSession", "Stop a session: persist the workspace, destroy the sandbox", (400, 404),
+        "From `active` or `starting`; a stopped session can be resumed (cold) or ended."),
+    "/api/sessions/{id}/interrupt": _action(
+        "interruptSession", "Abort the running turn", (404, 409),
+        "The stream ends with `error {error: \"interrupted\"}` then `done`; 409 when no turn is running."),
+    "/api/sessions/{id}/messages": {
+        "post": op("sendMessage", "Send a message; the reply streams as SSE", "sessions", {200: SSE},
+                   errors=(400, 404, 409, 503), params=[SID], request=body(ref("SendMessageRequest")),
+                   description="Errors before the stream starts are JSON ApiErrors; after it starts they "
+                               "are `error` frames followed by `done`."),
+        "get": op("listMessages", "List the session's stored messages", "sessions",
+                  {200: reply("Messages ascending by sequence",
+                              wrapped("messages", ref("Message"), many=True))},
+                  errors=(400, 404), params=[SID, PAGE_100, AFTER]),
+    },
+    "/api/sessions/{id}/events": {
+        "get": op("listSessionEvents", "List the session's stored events", "sessions",
+                  {200: reply("Events ascending by sequence",
+                              wrapped("events", ref("SessionEvent"), many=True))},
+                  errors=(400, 404),
+                  params=[SID, PAGE_200, AFTER, query("type", STR, "only events of this type")]),
+    },
+    "/api/sessions/{id}/stream": {
+        "get": op("replayStream", "Replay missed frames and follow a running turn", "sessions", {200: SSE},
+                  errors=(400, 404), params=[
+                      SID, query("after", INT, "replay frames after this event sequence"),
+                      {"name": "Last-Event-ID", "in": "header", "required": False, "schema": STR,
+                       "description": "the last frame id the client saw (alternative to `after`)"}]),
+    },
+    "/api/sessions/{id}/files": {
+        "get": op("listSessionFiles", "List workspace files (live sandbox, else snapshot)", "sessions",
+                  {200: reply("Files and where they were read from", {
+                      "type": "object", "required": ["files", "source"], "properties": {
+                          "files": {"type": "array", "items": ref("FileEntry")},
+                          "source": {"type": "string", "enum": ["sandbox", "snapshot"]}}})},
+                  errors=(404,), params=[SID, query("includeHidden", {**BOOL, "default": True},
+                                                    "accepted for client compatibility")]),
+    },
+    "/api/sessions/{id}/files/{path}": {
+        "get": op("getSessionFile", "Download one workspace file", "sessions", {200: {
+            "description": "raw bytes (default) with Content-Type, Content-Disposition, Content-Length and "
+                           "X-Service-Source; or JSON with format=json",
+            "headers": {"X-Service-Source": {"schema": {"type": "string", "enum": ["sandbox", "snapshot"]}}},
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                        "application/json": {"schema": ref("FileContent")}},
+        }}, errors=(400, 404), params=[
+            SID, path_param("path", "file path relative to the workspace (may contain `/`)"),
+            query("format", {"type": "string", "enum": ["raw", "json"], "default": "raw"},
+                  "`raw` up to 100 MB; `json` UTF-8 text up to 1 MB")]),
+    },
+}

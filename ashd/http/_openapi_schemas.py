@@ -1,0 +1,160 @@
+"""OpenAPI component schemas: the interface's resources, plus request bodies shared by paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(properties: dict[str, Schema], required: tuple[str, ...] = (), **extra: Any) -> Schema:
+    schema: Schema = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    schema.update(extra)
+    return schema
+
+
+STR: Schema = {"type": "string"}
+INT: Schema = {"type": "integer"}
+NUM: Schema = {"type": "number"}
+BOOL: Schema = {"type": "boolean"}
+UUID: Schema = {"type": "string", "format": "uuid"}
+TIME: Schema = {"type": "string", "format": "date-time"}
+NULL_TIME: Schema = {"type": ["string", "null"], "format": "date-time"}
+NULL_STR: Schema = {"type": ["string", "null"]}
+STR_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+def arr(items: Schema) -> Schema:
+    return {"type": "array", "items": items}
+
+
+SESSION_STATUS = ["starting", "active", "paused", "stopped", "ended", "error"]
+CREDENTIAL_TYPES = ["anthropic", "openai", "bedrock", "custom"]
+EVENT_TYPES = ["text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "lifecycle"]
+
+SCHEMAS: dict[str, Schema] = {
+    "ApiError": obj({"error": STR, "statusCode": INT}, ("error", "statusCode")),
+    "Ok": obj({"ok": BOOL}, ("ok",)),
+    "Agent": obj({
+        "id": UUID, "name": STR, "tenantId": STR,
+        "version": {"type": "integer", "description": "incremented on each deploy of the same name"},
+        "path": {"type": "string", "description": "absolute path of the agent directory on the server"},
+        "model": {"type": ["string", "null"], "description": "agent default model (precedence step 3)"},
+        "env": {"type": "object", "additionalProperties": {"type": "string", "const": "***"},
+                "description": "names of the agent's environment variables; values are never returned"},
+        "network": {"type": "boolean", "description": "sessions of this agent get network access"},
+        "createdAt": TIME, "updatedAt": TIME,
+    }, ("id", "name", "version", "path", "createdAt", "updatedAt")),
+    "AgentFileUpload": obj({
+        "path": {"type": "string", "description": "relative path in the agent folder; no `..`, not absolute"},
+        "content": {"type": "string", "description": "UTF-8 text, or base64 with `encoding: base64`"},
+        "encoding": {"type": "string", "enum": ["base64"]},
+    }, ("path", "content")),
+    "DeployAgentRequest": obj({
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,255}$"},
+        "path": {"type": "string", "description": "server directory containing AGENT.md; a relative path "
+                                                  "resolves against the server data directory"},
+        "systemPrompt": {"type": "string", "description": "becomes AGENT.md of a server-managed folder"},
+        "files": arr(ref("AgentFileUpload")),
+        "model": STR,
+        "env": STR_MAP,
+        "network": BOOL,
+    }, ("name",), description="Give `path`, or `files` and/or `systemPrompt` (never both). Redeploying a "
+                              "name updates it and increments `version`."),
+    "PatchAgentRequest": obj({"model": NULL_STR, "env": {"type": ["object", "null"],
+                                                          "additionalProperties": {"type": "string"}},
+                              "network": BOOL}, description="No new version; `null` clears model or env."),
+    "FileEntry": obj({"path": STR, "size": INT, "modifiedAt": TIME}, ("path", "size", "modifiedAt")),
+    "FileContent": obj({"path": STR, "content": STR, "size": INT,
+                        "source": {"type": "string", "enum": ["sandbox", "snapshot"]}},
+                       ("path", "content", "size")),
+    "McpServerConfig": obj({
+        "url": {"type": "string", "description": "remote MCP server; exclusive with `command`"},
+        "command": {"type": "string", "description": "stdio MCP server; exclusive with `url`"},
+        "args": arr(STR), "env": STR_MAP,
+    }),
+    "Session": obj({
+        "id": UUID, "tenantId": STR, "agentName": STR, "sandboxId": STR,
+        "status": {"type": "string", "enum": SESSION_STATUS},
+        "model": NULL_STR, "runnerId": NULL_STR,
+        "parentSessionId": {"type": ["string", "null"], "format": "uuid"},
+        "createdAt": TIME, "lastActiveAt": TIME,
+    }, ("id", "agentName", "sandboxId", "status", "createdAt", "lastActiveAt"), additionalProperties=True,
+        description="Also carries the configuration it was created with (secrets masked)."),
+    "CreateSessionRequest": obj({
+        "agent": STR, "model": STR,
+        "mcpServers": {"type": "object", "additionalProperties": ref("McpServerConfig")},
+        "systemPrompt": STR, "credentialId": STR, "extraEnv": STR_MAP,
+        "permissionMode": {"type": "string", "enum": ["bypassPermissions", "permissionsByAgent", "default"]},
+        "allowedTools": arr(STR), "disallowedTools": arr(STR), "betas": arr(STR),
+        "subagents": {"type": "object"}, "initialAgent": STR,
+    }, ("agent",)),
+    "SendMessageRequest": obj({
+        "content": {"oneOf": [{"type": "string", "maxLength": 500000}, arr({"type": "object"})]},
+        "model": STR, "includePartialMessages": BOOL,
+    }, ("content",)),
+    "Message": obj({
+        "id": UUID, "sessionId": UUID, "tenantId": STR,
+        "role": {"type": "string", "enum": ["user", "assistant"]},
+        "content": {"type": "string", "description": "JSON-encoded message content (SDK passthrough)"},
+        "sequence": INT, "createdAt": TIME,
+    }, ("id", "sessionId", "role", "content", "sequence", "createdAt")),
+    "SessionEvent": obj({
+        "id": UUID, "sessionId": UUID, "tenantId": STR, "type": {"type": "string", "enum": EVENT_TYPES},
+        "data": {"type": ["string", "null"], "description": "JSON-encoded event payload"},
+        "sequence": INT, "createdAt": TIME,
+    }, ("id", "sessionId", "type", "sequence", "createdAt")),
+    "Credential": obj({
+        "id": UUID, "tenantId": STR, "type": {"type": "string", "enum": CREDENTIAL_TYPES},
+        "label": NULL_STR, "active": BOOL, "createdAt": TIME, "lastUsedAt": NULL_TIME,
+    }, ("id", "type", "createdAt")),
+    "BedrockKey": obj({"accessKeyId": STR, "secretAccessKey": STR, "region": STR, "sessionToken": STR},
+                      ("accessKeyId", "secretAccessKey", "region"), additionalProperties=False),
+    "CreateCredentialRequest": obj({
+        "type": {"type": "string", "enum": CREDENTIAL_TYPES},
+        "key": {"oneOf": [STR, ref("BedrockKey")],
+                "description": "the secret; for bedrock a BedrockKey object or a JSON string of one"},
+        "label": STR,
+    }, ("type", "key")),
+    "UsageEvent": obj({
+        "id": UUID, "tenantId": STR, "sessionId": UUID, "agentName": STR,
+        "eventType": {"type": "string", "description": "input_tokens, output_tokens, cache_creation_tokens, "
+                      "cache_read_tokens, tool_calls, message, compute_seconds"},
+        "value": NUM, "createdAt": TIME,
+    }, ("id", "sessionId", "agentName", "eventType", "value", "createdAt")),
+    "UsageStats": obj({k: NUM for k in (
+        "totalInputTokens", "totalOutputTokens", "totalCacheCreationTokens", "totalCacheReadTokens",
+        "totalToolCalls", "totalMessages", "totalComputeSeconds")},
+        ("totalInputTokens", "totalOutputTokens", "totalCacheCreationTokens", "totalCacheReadTokens",
+         "totalToolCalls", "totalMessages", "totalComputeSeconds")),
+    "PoolStats": obj({k: INT for k in (
+        "total", "cold", "warming", "warm", "waiting", "running", "maxCapacity", "resumeWarmHits",
+        "resumeColdHits", "preWarmHits")},
+        ("total", "cold", "warming", "warm", "waiting", "running", "maxCapacity", "resumeWarmHits",
+         "resumeColdHits", "preWarmHits")),
+    "HealthResponse": obj({
+        "status": {"type": "string", "enum": ["ok"]}, "version": STR, "coordinatorId": STR,
+        "activeSessions": INT, "activeSandboxes": INT, "remoteRunners": INT, "uptime": INT,
+        "pool": ref("PoolStats"), "mode": {"type": "string", "enum": ["standalone", "coordinator"]},
+        "isolation": {"type": "object"},
+    }, ("status", "activeSessions", "activeSandboxes", "uptime", "pool")),
+    "ApiKey": obj({"id": UUID, "label": NULL_STR, "keyPrefix": STR, "createdAt": TIME,
+                   "lastUsedAt": NULL_TIME}, ("id", "keyPrefix", "createdAt")),
+    "NewApiKey": obj({"id": UUID, "key": {"type": "string", "description": "shown once; store it"},
+                      "tenantId": STR}, ("id", "key")),
+    "RegisterRunnerRequest": obj({"runnerId": STR, "host": STR, "port": INT, "maxSandboxes": INT},
+                                 ("runnerId", "host", "port")),
+    "HeartbeatRequest": obj({"runnerId": STR, "stats": ref("PoolStats"), "activeCount": INT}, ("runnerId",)),
+    "DeregisterRequest": obj({"runnerId": STR}, ("runnerId",)),
+    "Runner": obj({"runnerId": STR, "host": STR, "port": INT, "maxSandboxes": INT, "activeCount": INT,
+                   "warmingCount": INT, "lastHeartbeatAt": TIME}, ("runnerId", "host", "port"),
+                  additionalProperties=True),
+    "RunnerList": obj({"runners": arr(ref("Runner")), "count": INT, "hasLocal": BOOL},
+                      ("runners", "count", "hasLocal")),
+}

@@ -1,0 +1,175 @@
+"""POST /api/sessions/{id}/messages (a turn, as SSE) and GET /api/sessions/{id}/stream (replay)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from ashd.actors._session_deps import TurnTicket
+from ashd.actors._turn import TurnRecorder
+from ashd.errors import BadRequest, SandboxError
+from ashd.http._json import body_object, opt_str, tenant
+from ashd.http._keys import SERVICES
+from ashd.http._sse import SseSink
+from ashd.logs import emit_line
+from ashd.services import Services
+from ashd.storage._models import iso, utcnow
+
+routes = web.RouteTableDef()
+MAX_CONTENT_CHARS = 500_000
+
+
+def _content(body: dict[str, Any]) -> Any:
+    content = body.get("content")
+    if isinstance(content, str):
+        if not content.strip():
+            raise BadRequest("`content` is required")
+        if len(content) > MAX_CONTENT_CHARS:
+            raise BadRequest(f"`content` is longer than {MAX_CONTENT_CHARS} characters")
+        return content
+    if isinstance(content, list) and content and all(isinstance(b, dict) and "type" in b for b in content):
+        if len(json.dumps(content)) > MAX_CONTENT_CHARS * 2:
+            raise BadRequest("`content` is too large")
+        return content
+    raise BadRequest("`content` is required: a string or a list of content blocks")
+
+
+@routes.post("/api/sessions/{id}/messages")
+async def send_message(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    if services.sessions is None:
+        raise SandboxError("sessions are not available on this server")
+    body = await body_object(request)
+    content = _content(body)
+    model = opt_str(body, "model", max_len=255)
+    partial = body.get("includePartialMessages", False)
+    if not isinstance(partial, bool):
+        raise BadRequest("`includePartialMessages` must be a boolean")
+    t0 = time.monotonic()
+    ticket = await services.sessions.begin_turn(tenant(request), request.match_info["id"], content, model)
+    lookup_ms = (time.monotonic() - t0) * 1000
+    try:
+        sink = await SseSink.open(request)
+        await run_turn(services, ticket, content, partial, sink, lookup_ms)
+        await sink.close()
+    finally:
+        services.sessions.end_turn(ticket)
+    return sink.response
+
+
+async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial: bool, sink: SseSink,
+                   lookup_ms: float) -> None:
+    """Drive one turn to the end whatever the client does; stored before `done` is sent."""
+    recorder = TurnRecorder(services.sessions.deps.sessions, ticket.session_id, ticket.tenant)
+    first_event_ms: float | None = None
+    count = 0
+    try:
+        async for frame in ticket.connection.query(content, model=ticket.model, include_partial_messages=partial,
+                                                   query_id=ticket.query_id):
+            kind = frame.get("type")
+            if first_event_ms is None:
+                first_event_ms = (time.monotonic() - ticket.started) * 1000
+            if kind == "message":
+                data = frame.get("data")
+                if not isinstance(data, dict):
+                    continue
+                raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+                seq = await recorder.message(data, raw)
+                count += 1
+                await sink.send("message", raw, seq)
+            elif kind == "error":
+                seq, raw = await recorder.error(str(frame.get("error") or "agent error"))
+                count += 1
+                await sink.send("error", raw, seq)
+            elif kind == "done":
+                break
+    except (SandboxError, OSError) as exc:
+        reason = await _sandbox_failure(services, ticket, exc)
+        seq, raw = await recorder.error(reason)
+        await sink.send("error", raw, seq)
+    except asyncio.CancelledError:
+        await asyncio.shield(_finish(services, ticket, recorder, sink))
+        raise
+    await _finish(services, ticket, recorder, sink)
+    if services.settings.debug_timing:
+        emit_line({"type": "timing", "source": "server", "sessionId": ticket.session_id,
+                   "sandboxId": ticket.sandbox_id, "lookupMs": round(lookup_ms, 3),
+                   "firstEventMs": round(first_event_ms or 0.0, 3),
+                   "totalMs": round((time.monotonic() - ticket.started) * 1000, 3), "eventCount": count,
+                   "timestamp": iso(utcnow())})
+
+
+async def _finish(services: Services, ticket: TurnTicket, recorder: TurnRecorder, sink: SseSink) -> None:
+    seq, raw = await recorder.done()
+    await _record_usage(services, ticket, recorder)
+    await sink.send("done", raw, seq)
+
+
+async def _sandbox_failure(services: Services, ticket: TurnTicket, exc: Exception) -> str:
+    pool = getattr(services.pool, "proxy", None)
+    if pool is not None:
+        from ashd.actors._aio import call
+
+        info = None
+        for _ in range(20):  # the process may need a moment to be reaped after the socket closed
+            info = await call(pool.exit_info(ticket.sandbox_id), services.settings.actor_timeout_seconds)
+            if info is not None:
+                break
+            await asyncio.sleep(0.05)
+        if info is not None:
+            return f"sandbox crashed: {info.describe()}"
+    return f"sandbox connection lost: {exc}"
+
+
+async def _record_usage(services: Services, ticket: TurnTicket, recorder: TurnRecorder) -> None:
+    result = recorder.result or {}
+    usage = result.get("usage") or {}
+    values = {
+        "input_tokens": float(usage.get("input_tokens") or 0),
+        "output_tokens": float(usage.get("output_tokens") or 0),
+        "cache_creation_tokens": float(usage.get("cache_creation_input_tokens") or 0),
+        "cache_read_tokens": float(usage.get("cache_read_input_tokens") or 0),
+        "tool_calls": float(recorder.tool_calls),
+        "message": 1.0,
+        "compute_seconds": round(time.monotonic() - ticket.started, 3),
+    }
+    await services.sessions.deps.record_usage(ticket.tenant, ticket.session_id, ticket.agent_name, values)
+
+
+@routes.get("/api/sessions/{id}/stream")
+async def replay(request: web.Request) -> web.StreamResponse:
+    """Frames after Last-Event-ID (or ?after=N) from storage, then live until the turn ends."""
+    services = request.app[SERVICES]
+    session_id = request.match_info["id"]
+    ten = tenant(request)
+    await services.sessions.deps.sessions.get(ten, session_id)  # 404 for unknown or other tenant
+    raw_after = request.headers.get("Last-Event-ID") or request.query.get("after") or "0"
+    try:
+        after = int(raw_after)
+    except ValueError as exc:
+        raise BadRequest("Last-Event-ID / `after` must be an integer event id") from exc
+    store = services.sessions.deps.sessions
+    sink = await SseSink.open(request)
+    idle_rounds = 0
+    while sink.alive:
+        frames = await store.frames_after(session_id, after)
+        for frame in frames:
+            if not await sink.send(frame.event, frame.data, frame.sequence):
+                break
+            after = frame.sequence
+        if frames:
+            idle_rounds = 0
+            continue
+        running = await services.sessions.running_turn(ten, session_id)
+        if running is None:
+            idle_rounds += 1
+            if idle_rounds > 1:  # nothing running and nothing new after a last look: done
+                break
+        # Followers poll storage, which the running turn writes in small batches.
+        await asyncio.sleep(0.05)
+    await sink.close()
+    return sink.response

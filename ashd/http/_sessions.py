@@ -1,0 +1,183 @@
+"""Session lifecycle routes, message and event listing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ashd.actors._session_deps import CreateRequest
+from ashd.errors import BadRequest, SandboxError
+from ashd.http._json import (
+    body_object,
+    ok,
+    opt_str,
+    opt_str_list,
+    opt_str_map,
+    query_int,
+    req_str,
+    tenant,
+)
+from ashd.http._keys import SERVICES
+from ashd.services import Services
+from ashd.storage._sessions import session_json
+
+routes = web.RouteTableDef()
+PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")
+EVENT_TYPES = ("text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "lifecycle")
+
+
+def _registry(services: Services) -> Any:
+    if services.sessions is None:
+        raise SandboxError("sessions are not available on this server")
+    return services.sessions
+
+
+def _mcp_servers(body: dict[str, Any]) -> dict[str, Any] | None:
+    value = body.get("mcpServers")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("`mcpServers` must be an object of server configurations")
+    for name, cfg in value.items():
+        if not isinstance(cfg, dict):
+            raise BadRequest(f"`mcpServers.{name}` must be an object")
+        has_url, has_cmd = isinstance(cfg.get("url"), str), isinstance(cfg.get("command"), str)
+        if has_url == has_cmd:
+            raise BadRequest(f"`mcpServers.{name}` needs exactly one of `url` or `command`")
+        args = cfg.get("args")
+        if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) for a in args)):
+            raise BadRequest(f"`mcpServers.{name}.args` must be an array of strings")
+        env = cfg.get("env")
+        if env is not None and (not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())):
+            raise BadRequest(f"`mcpServers.{name}.env` must be an object of string values")
+    return value
+
+
+def _create_config(body: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    mode = opt_str(body, "permissionMode")
+    if mode is not None and mode not in PERMISSION_MODES:
+        raise BadRequest(f"`permissionMode` must be one of {', '.join(PERMISSION_MODES)}")
+    if mode:
+        config["permissionMode"] = mode
+    for key in ("allowedTools", "disallowedTools", "betas"):
+        value = opt_str_list(body, key)
+        if value is not None:
+            config[key] = value
+    prompt = opt_str(body, "systemPrompt", max_len=1_000_000)
+    if prompt is not None:
+        config["systemPrompt"] = prompt
+    servers = _mcp_servers(body)
+    if servers is not None:
+        config["mcpServers"] = servers
+    subagents = body.get("subagents")
+    if subagents is not None:
+        if not isinstance(subagents, dict):
+            raise BadRequest("`subagents` must be an object of subagent definitions")
+        config["subagents"] = subagents
+    initial = opt_str(body, "initialAgent", max_len=255)
+    if initial is not None:
+        if not isinstance(subagents, dict) or initial not in subagents:
+            raise BadRequest("`initialAgent` must name one of the `subagents`")
+        config["initialAgent"] = initial
+    network = body.get("network")
+    if network is not None:
+        if not isinstance(network, bool):
+            raise BadRequest("`network` must be a boolean")
+        config["network"] = network
+    return config
+
+
+@routes.post("/api/sessions")
+async def create_session(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    registry = _registry(services)
+    body = await body_object(request)
+    agent_name = req_str(body, "agent", max_len=255)
+    ten = tenant(request)
+    await registry.deps.resolve_agent(ten, agent_name)  # 404 before anything is written
+    config = _create_config(body)
+    credential_id = opt_str(body, "credentialId", max_len=64)
+    if credential_id is not None:
+        from ashd.storage._credentials import Credentials
+
+        await Credentials.of(services).get(ten, credential_id)  # 404 for unknown or other tenant
+    extra_env = opt_str_map(body, "extraEnv")
+    session_id = registry.new_session_id()
+    encrypted = None
+    if extra_env:
+        config["extraEnvKeys"] = sorted(extra_env)
+        encrypted = services.cipher.encrypt_json(extra_env, session_id.encode())
+    req = CreateRequest(session_id=session_id, tenant=ten, agent_name=agent_name,
+                        model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id)
+    session = await registry.create(req, encrypted_env=encrypted)
+    return ok({"session": session}, status=201, headers={"Location": f"/api/sessions/{session_id}"})
+
+
+@routes.get("/api/sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    agent = request.query.get("agent") or None
+    rows = await _registry(services).deps.sessions.list(tenant(request), agent)
+    return ok({"sessions": [session_json(r) for r in rows]})
+
+
+@routes.get("/api/sessions/{id}")
+async def get_session(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    return ok({"session": await registry.view(tenant(request), request.match_info["id"])})
+
+
+@routes.post("/api/sessions/{id}/pause")
+async def pause(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    return ok({"session": await registry.pause(tenant(request), request.match_info["id"])})
+
+
+@routes.post("/api/sessions/{id}/resume")
+async def resume(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    return ok({"session": await registry.resume(tenant(request), request.match_info["id"])})
+
+
+@routes.post("/api/sessions/{id}/stop")
+async def stop(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    return ok({"session": await registry.stop(tenant(request), request.match_info["id"])})
+
+
+@routes.post("/api/sessions/{id}/interrupt")
+async def interrupt(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    return ok(await registry.interrupt(tenant(request), request.match_info["id"]))
+
+
+@routes.delete("/api/sessions/{id}")
+async def delete(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    return ok({"session": await registry.delete(tenant(request), request.match_info["id"])})
+
+
+@routes.get("/api/sessions/{id}/messages")
+async def list_messages(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    ten, sid = tenant(request), request.match_info["id"]
+    await registry.deps.sessions.get(ten, sid)
+    limit = query_int(request, "limit", 100, 1, 1000)
+    after = query_int(request, "after", 0, 0, 2**62)
+    return ok({"messages": await registry.deps.sessions.messages(ten, sid, after, limit)})
+
+
+@routes.get("/api/sessions/{id}/events")
+async def list_events(request: web.Request) -> web.Response:
+    registry = _registry(request.app[SERVICES])
+    ten, sid = tenant(request), request.match_info["id"]
+    await registry.deps.sessions.get(ten, sid)
+    limit = query_int(request, "limit", 200, 1, 1000)
+    after = query_int(request, "after", 0, 0, 2**62)
+    type_ = request.query.get("type") or None
+    if type_ is not None and type_ not in EVENT_TYPES:
+        raise BadRequest(f"query `type` must be one of {', '.join(EVENT_TYPES)}")
+    events = await registry.deps.sessions.events(ten, sid, after, limit, type_)
+    return ok({"events": [e for e in events if e["type"] != "frame"]})

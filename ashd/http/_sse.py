@@ -1,0 +1,77 @@
+"""SSE with real backpressure: one frame in flight, a stalled client detected after 30 s.
+
+The socket's send buffer is shrunk and the transport's write buffer limit set to zero, so after
+each frame `drain()` waits until the kernel took it (notes/measured.md Q2). A client that goes
+away or stops reading only ends its own connection: the caller keeps draining the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+
+log = logging.getLogger(__name__)
+CLIENT_READ_TIMEOUT = 30.0
+_SNDBUF = 16 * 1024
+
+
+class SseSink:
+    def __init__(self, response: EventSourceResponse, read_timeout: float = CLIENT_READ_TIMEOUT) -> None:
+        self.response = response
+        self.read_timeout = read_timeout
+        self.alive = True
+        self.reason: str | None = None
+
+    @classmethod
+    async def open(cls, request: web.Request, read_timeout: float = CLIENT_READ_TIMEOUT) -> SseSink:
+        response = EventSourceResponse(send_timeout=None, ping_interval=15)
+        response.headers["Cache-Control"] = "no-cache"
+        await response.prepare(request)
+        transport = request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+            transport.set_write_buffer_limits(high=0)
+        return cls(response, read_timeout)
+
+    async def send(self, event: str, data: str, event_id: int | None = None) -> bool:
+        """Send one frame and wait until the kernel has it. False once the client is gone."""
+        if not self.alive:
+            return False
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                await self.response.send(data, id=None if event_id is None else str(event_id), event=event)
+                writer = self.response._payload_writer  # noqa: SLF001 - public drain() is deprecated
+                if writer is not None:
+                    await writer.drain()
+        except TimeoutError:
+            self._drop("client read timeout")
+        except (ConnectionError, RuntimeError, OSError):
+            self._drop("client disconnected")
+        return self.alive
+
+    def _drop(self, reason: str) -> None:
+        self.alive = False
+        self.reason = reason
+        log.warning("stream client dropped: %s", reason)
+        if reason == "client read timeout":
+            transport = self.response._req.transport if self.response._req else None  # noqa: SLF001
+            # Best effort: the buffers are full, so the error frame may never arrive; then abort.
+            if transport is not None and not transport.is_closing():
+                with contextlib.suppress(Exception):
+                    transport.write(b'event: error\ndata: {"error":"client read timeout"}\n\n')
+                transport.abort()
+        self.response.stop_streaming()
+
+    async def close(self) -> None:
+        self.response.stop_streaming()
+        if self.alive:
+            with contextlib.suppress(Exception):
+                await self.response.write_eof()

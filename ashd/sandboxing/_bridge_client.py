@@ -1,0 +1,217 @@
+"""The server's side of the bridge protocol (docs/protocol.md).
+
+Frames are read one at a time, only when a caller asks for one: there is no background reader
+buffering a whole turn, so a slow SSE client slows the socket, which pauses the bridge's writes,
+which pauses the agent engine. Replies for other commands that arrive while a query is being
+read (an `exec` during a turn) are parked until their caller picks them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ashd.bridge import protocol as p
+from ashd.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+LogHandler = Callable[[p.Frame], None]
+_CONNECT_RETRY_S = 0.02
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def _default_log(frame: p.Frame) -> None:
+    level = str(frame.get("level") or "info").lower()
+    log.log(getattr(logging, level.upper(), logging.INFO), "bridge: %s", frame.get("message"))
+
+
+async def wait_ready(socket_path: str, timeout: float) -> socket.socket:
+    """Connect, retrying while the bridge is still starting (no socket yet, or refused)."""
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        p.shrink_buffers(sock)
+        try:
+            await loop.sock_connect(sock, socket_path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise SandboxError(
+                    f"bridge did not start listening on {socket_path} within {timeout:.0f}s ({exc})"
+                ) from exc
+            await asyncio.sleep(_CONNECT_RETRY_S)
+        except BaseException:
+            sock.close()
+            raise
+
+
+class BridgeConnection:
+    def __init__(self, sock: socket.socket, on_log: LogHandler | None = None) -> None:
+        self._sock = sock
+        self._reader = p.FrameReader(sock)
+        self._writer = p.FrameWriter(sock)
+        self._read_lock = asyncio.Lock()
+        self._parked: dict[str, deque[p.Frame]] = {}
+        self._on_log = on_log or _default_log
+        self.ready: p.Frame = {}
+        self.closed = False
+
+    @classmethod
+    async def connect(
+        cls, socket_path: str, timeout: float = 30.0, on_log: LogHandler | None = None
+    ) -> BridgeConnection:
+        """Connect (waiting for the bridge to start) and do the hello/ready handshake."""
+        sock = await wait_ready(socket_path, timeout)
+        conn = cls(sock, on_log)
+        try:
+            await conn._send(
+                p.make(p.HELLO, protocol=p.PROTOCOL_VERSION, protocols=list(p.SUPPORTED_VERSIONS))
+            )
+            async with asyncio.timeout(timeout):
+                frame = await conn._next_frame()
+            if frame.get("type") != p.READY:
+                raise SandboxError(f"bridge refused the handshake: {frame.get('error') or frame}")
+            conn.ready = frame
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    @property
+    def pid(self) -> int | None:
+        value = self.ready.get("pid")
+        return value if isinstance(value, int) else None
+
+    # -- low level ---------------------------------------------------------------------------
+    async def _send(self, frame: p.Frame) -> None:
+        if self.closed:
+            raise SandboxError("the bridge connection is closed")
+        try:
+            await self._writer.write(frame)
+        except OSError as exc:
+            raise SandboxError(f"lost the connection to the bridge: {exc}") from exc
+
+    async def _next_frame(self) -> p.Frame:
+        """One frame off the socket; log frames are handed to on_log and skipped."""
+        while True:
+            try:
+                frame = await self._reader.read()
+            except p.FrameTooLarge as exc:
+                raise SandboxError(f"bridge sent an oversized frame: {exc}") from exc
+            except p.ProtocolError as exc:
+                log.warning("skipping a malformed bridge frame: %s", exc)
+                continue
+            except OSError as exc:
+                raise SandboxError(f"lost the connection to the bridge: {exc}") from exc
+            if frame is None:
+                self.closed = True
+                raise SandboxError("the bridge closed the connection (sandbox exited?)")
+            if frame["type"] == p.LOG:
+                self._on_log(frame)
+                continue
+            return frame
+
+    async def _frame_for(self, fid: str) -> p.Frame:
+        """The next frame for command `fid`; frames for other ids are parked for their owners."""
+        while True:
+            parked = self._parked.get(fid)
+            if parked:
+                return parked.popleft()
+            async with self._read_lock:
+                parked = self._parked.get(fid)
+                if parked:
+                    return parked.popleft()
+                frame = await self._next_frame()
+            owner = frame.get("id")
+            if owner == fid:
+                return frame
+            if isinstance(owner, str) and owner in self._parked:
+                self._parked[owner].append(frame)
+            elif owner is None and frame["type"] == p.ERROR:
+                log.warning("bridge error: %s", frame.get("error"))
+            else:
+                log.debug("dropping a bridge frame for an unknown command: %s", frame.get("type"))
+
+    async def _request(self, frame: p.Frame, timeout: float | None) -> p.Frame:
+        fid = frame["id"]
+        self._parked[fid] = deque()
+        try:
+            await self._send(frame)
+            async with asyncio.timeout(timeout):
+                return await self._frame_for(fid)
+        finally:
+            self._parked.pop(fid, None)
+
+    # -- commands ----------------------------------------------------------------------------
+    async def init(self, config: dict[str, Any], timeout: float | None = 600.0) -> p.Frame:
+        """Configure the engine (and run setup when config.runSetup). Returns the init_ok frame."""
+        reply = await self._request(p.make(p.INIT, id=_new_id("init"), config=config), timeout)
+        if reply["type"] != p.INIT_OK:
+            raise SandboxError(str(reply.get("error") or f"bridge init failed: {reply}"))
+        return reply
+
+    async def query(
+        self,
+        prompt: str | list[dict[str, Any]],
+        *,
+        model: str | None = None,
+        include_partial_messages: bool = False,
+        query_id: str | None = None,
+        **extra: Any,
+    ) -> AsyncIterator[p.Frame]:
+        """Yield the query's `message`/`error` frames and finally its `done` frame."""
+        qid = query_id or _new_id("q")
+        self._parked[qid] = deque()
+        try:
+            await self._send(
+                p.make(
+                    p.QUERY,
+                    id=qid,
+                    prompt=prompt,
+                    model=model,
+                    includePartialMessages=include_partial_messages or None,
+                    **extra,
+                )
+            )
+            while True:
+                frame = await self._frame_for(qid)
+                yield frame
+                if frame["type"] == p.DONE:
+                    return
+        finally:
+            self._parked.pop(qid, None)
+
+    async def interrupt(self, query_id: str) -> None:
+        await self._send(p.make(p.INTERRUPT, id=query_id))
+
+    async def exec(self, argv: list[str], timeout: float = 60.0) -> p.Frame:
+        """Run a program in the workspace: {exitCode, stdout, stderr[, timedOut]}."""
+        return await self._request(
+            p.make(p.EXEC, id=_new_id("exec"), argv=argv, timeout=timeout), timeout + 10
+        )
+
+    async def ping(self, timeout: float = 10.0) -> None:
+        await self._request(p.make(p.PING, id=_new_id("ping")), timeout)
+
+    async def shutdown(self) -> None:
+        with contextlib.suppress(SandboxError):
+            await self._send(p.make(p.SHUTDOWN))
+
+    async def close(self) -> None:
+        if not self._sock.fileno() < 0:
+            self._sock.close()
+        self.closed = True

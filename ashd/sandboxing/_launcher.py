@@ -1,0 +1,258 @@
+"""SandboxLauncher: probe, set up, launch (bwrap or zygote), stop.
+
+Every process is started from one long-lived spawner thread. PR_SET_PDEATHSIG (bwrap's
+--die-with-parent, and the zygote's own) fires when the *thread* that forked dies, so launching
+straight from short-lived actor threads would kill sandboxes when an actor stops.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ashd.errors import ConfigError, SandboxError
+from ashd.sandboxing import _layout as layout
+from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, cgroup_wrapper
+from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup
+from ashd.sandboxing._isolation import isolation_problems, probe_isolation
+from ashd.sandboxing._process import PopenChild, SandboxProcess
+from ashd.sandboxing._reaper import reap_leftovers
+from ashd.sandboxing._types import (
+    SANDBOX_HOME,
+    SANDBOX_WORKSPACE,
+    IsolationReport,
+    SandboxLimits,
+    SandboxPaths,
+    SandboxSpec,
+)
+from ashd.sandboxing._zygote_client import DEFAULT_PAYLOAD, ZygoteChild, ZygoteClient
+
+log = logging.getLogger(__name__)
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+BRIDGE_ARGS = ("--socket", "/run/ashd/bridge.sock")
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    data_dir: Path
+    limits: SandboxLimits
+    use_zygote: bool = True
+    allow_weak_isolation: bool = False
+    # "module:function" the zygote runs when spec.argv is None; called with BRIDGE_ARGS.
+    zygote_payload: str = DEFAULT_PAYLOAD
+    bwrap: str = BWRAP
+
+
+class SandboxLauncher:
+    def __init__(self, config: LauncherConfig) -> None:
+        self.config = config
+        self._report: IsolationReport | None = None
+        self._cgroups: CgroupTree | None = None
+        self._zygote: ZygoteClient | None = None
+        self._spawner = self._new_spawner()
+        self._running: dict[str, SandboxProcess] = {}
+        self._lock = threading.Lock()
+        self._started = False
+
+    @staticmethod
+    def _new_spawner() -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ashd-sandbox-spawner")
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.config.data_dir / "sandboxes"
+
+    @property
+    def isolation(self) -> IsolationReport:
+        if self._report is None:
+            self._report = probe_isolation(
+                bwrap=self.config.bwrap, allow_weak=self.config.allow_weak_isolation
+            )
+        return self._report
+
+    @property
+    def weak(self) -> bool:
+        return self.isolation.weak
+
+    # -- start / stop ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        problems = isolation_problems(bwrap=self.config.bwrap)
+        self._report = probe_isolation(bwrap=self.config.bwrap, allow_weak=self.config.allow_weak_isolation)
+        if problems and not self.config.allow_weak_isolation:
+            raise ConfigError(
+                "this host cannot isolate sandboxes: "
+                + "; ".join(problems)
+                + ". Fix that, or set allow_weak_isolation (SERVICE_ALLOW_WEAK_ISOLATION=1) to run"
+                " sandboxes as plain child processes without filesystem, network or uid isolation."
+            )
+        if problems:
+            log.warning("WEAK SANDBOX ISOLATION: %s", "; ".join(problems))
+        self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103  (traverse only, no listing)
+        layout.write_etc_files(self.config.data_dir)
+        if self.isolation.cgroups != "none":
+            self._cgroups = CgroupTree(self.config.data_dir)
+            self._cgroups.setup()
+            reap_leftovers(self.config.data_dir, self._cgroups)
+        else:
+            reap_leftovers(self.config.data_dir, None)
+        if self.config.use_zygote and not self.weak:
+            (self.sandboxes_dir / ".newroot").mkdir(mode=0o700, exist_ok=True)
+            self._zygote = ZygoteClient(self.sandboxes_dir / "zygote.log", self.config.zygote_payload)
+            self._spawner.submit(self._zygote.start).result()
+        self._started = True
+
+    def stop(self) -> None:
+        with self._lock:
+            running = list(self._running.values())
+        for proc in running:
+            proc.kill()
+            proc.cleanup()
+        if self._zygote is not None:
+            self._zygote.stop()
+            self._zygote = None
+        if self._cgroups is not None:
+            self._cgroups.teardown()
+        self._spawner.shutdown(wait=True)
+        self._spawner = self._new_spawner()  # start() may be called again
+        self._started = False
+
+    # -- directories -----------------------------------------------------------------------------
+
+    def paths_for(self, sandbox_id: str) -> SandboxPaths:
+        if not _ID.match(sandbox_id):
+            raise SandboxError(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_', '-', '.'")
+        return SandboxPaths(self.sandboxes_dir / sandbox_id)
+
+    def prepare(self, sandbox_id: str) -> SandboxPaths:
+        paths = self.paths_for(sandbox_id)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(paths.root, 0o711)  # noqa: S103  (traverse only, no listing)
+        for d in (paths.workspace, paths.home, paths.run):
+            d.mkdir(exist_ok=True)
+            if not self.weak:
+                os.chown(d, layout.SANDBOX_UID, layout.SANDBOX_GID)
+            os.chmod(d, 0o700)
+        paths.logs.mkdir(mode=0o700, exist_ok=True)
+        return paths
+
+    def destroy_dirs(self, sandbox_id: str, keep_workspace: bool = False) -> None:
+        paths = self.paths_for(sandbox_id)
+        if not keep_workspace:
+            shutil.rmtree(paths.root, ignore_errors=True)
+            return
+        for d in (paths.home, paths.run, paths.logs):
+            shutil.rmtree(d, ignore_errors=True)
+
+    # -- launch ----------------------------------------------------------------------------------
+
+    def launch(self, spec: SandboxSpec) -> SandboxProcess:
+        if not self._started:
+            raise SandboxError("the sandbox launcher is not started")
+        spec.paths.logs.mkdir(parents=True, exist_ok=True)
+        cgroup = self._cgroups.create(spec.sandbox_id, spec.limits) if self._cgroups else None
+        oom_before = cgroup.oom_kills() if cgroup else 0
+        try:
+            child = self._spawner.submit(self._spawn, spec, cgroup).result()
+        except BaseException:
+            if cgroup is not None:
+                cgroup.kill_all()
+                cgroup.remove()
+            raise
+        proc = SandboxProcess(
+            spec.sandbox_id,
+            child,
+            paths=spec.paths,
+            cgroup=cgroup,
+            isolated=not self.weak,
+            oom_kills_before=oom_before,
+            on_cleanup=self._forget,
+        )
+        with self._lock:
+            self._running[spec.sandbox_id] = proc
+        return proc
+
+    def _forget(self, proc: SandboxProcess) -> None:
+        with self._lock:
+            if self._running.get(proc.sandbox_id) is proc:
+                del self._running[proc.sandbox_id]
+
+    def _spawn(self, spec: SandboxSpec, cgroup: SandboxCgroup | None) -> PopenChild | ZygoteChild:
+        log_path = spec.paths.logs / "sandbox.log"
+        if self.weak:
+            return self._spawn_weak(spec, cgroup, log_path)
+        env = layout.sandbox_env(spec.env)
+        plan = layout.mount_plan(spec, self.config.data_dir)
+        if self._zygote is not None and (spec.argv is not None or self._zygote.has_payload):
+            if not self._zygote.alive():
+                log.warning("sandbox zygote died; restarting it")
+                self._zygote.start()
+            return self._zygote.spawn(self._zygote_request(spec, cgroup, env, plan, log_path))
+        argv = spec.argv if spec.argv is not None else layout.default_argv()
+        cmd = bwrap_argv(plan, env, argv, network=spec.network, bwrap=self.config.bwrap)
+        if cgroup is not None:
+            cmd = cgroup_wrapper(cgroup.procs_files, cmd)
+        return self._popen(cmd, {}, "/", log_path)
+
+    def _zygote_request(
+        self,
+        spec: SandboxSpec,
+        cgroup: SandboxCgroup | None,
+        env: dict[str, str],
+        plan: list[layout.Mount],
+        log_path: Path,
+    ) -> dict[str, Any]:
+        return {
+            "argv": list(spec.argv) if spec.argv is not None else None,
+            "payload_args": list(BRIDGE_ARGS),
+            "env": env,
+            "cwd": SANDBOX_WORKSPACE,
+            "network": spec.network,
+            "plan": [m.to_json() for m in plan],
+            "newroot": str(self.sandboxes_dir / ".newroot"),
+            "cgroup_procs": [str(p) for p in cgroup.procs_files] if cgroup else [],
+            "log": str(log_path),
+        }
+
+    def _spawn_weak(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, log_path: Path) -> PopenChild:
+        """No namespaces: a plain child with a clean env, its own cwd and session."""
+        env = layout.sandbox_env(spec.env)
+        env.setdefault("HOME", str(spec.paths.home))
+        if env["HOME"] == SANDBOX_HOME:
+            env["HOME"] = str(spec.paths.home)
+        env["TMPDIR"] = str(spec.paths.home)
+        argv = (
+            list(spec.argv)
+            if spec.argv is not None
+            else [*layout.default_argv()[:-1], str(spec.paths.bridge_socket)]
+        )
+        if os.access("/usr/bin/setpriv", os.X_OK):
+            argv = ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *argv]
+        if cgroup is not None:
+            argv = cgroup_wrapper(cgroup.procs_files, argv)
+        return self._popen(argv, env, str(spec.paths.workspace), log_path)
+
+    @staticmethod
+    def _popen(argv: list[str], env: dict[str, str], cwd: str, log_path: Path) -> PopenChild:
+        with open(log_path, "ab") as logf:
+            popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                start_new_session=True,
+                close_fds=True,
+            )
+        return PopenChild(popen)

@@ -1,0 +1,221 @@
+"""One running sandbox: poll, wait, signal, the shutdown ladder, cleanup, memory figures.
+
+The pid we hold is the sandbox's host-side *monitor* (bwrap's outer process, or the zygote's
+monitor child). Its direct child is the sandbox's pid 1 (a reaper); the payload runs below it.
+Signals go to every sandbox process except those two, so a payload that ignores SIGTERM really
+survives SIGTERM (the monitor would otherwise die of it and take the payload along).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from ashd.sandboxing._cgroups import SandboxCgroup
+from ashd.sandboxing._types import ExitInfo, ExitReason, SandboxPaths, ShutdownRung
+
+log = logging.getLogger(__name__)
+
+# How long cleanup waits for killed processes to be reaped before giving up on the rmdir.
+CLEANUP_TIMEOUT = 10.0
+
+
+class ChildHandle(Protocol):
+    """The host-side process, as its parent sees it. Returncodes are Popen-style (-N = signal N)."""
+
+    pid: int
+
+    def poll_status(self) -> int | None: ...
+
+    def wait_status(self, timeout: float | None) -> int | None: ...
+
+
+class PopenChild:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    def poll_status(self) -> int | None:
+        return self._popen.poll()
+
+    def wait_status(self, timeout: float | None) -> int | None:
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+class SandboxProcess:
+    def __init__(
+        self,
+        sandbox_id: str,
+        child: ChildHandle,
+        *,
+        paths: SandboxPaths,
+        cgroup: SandboxCgroup | None,
+        isolated: bool,
+        oom_kills_before: int = 0,
+        on_cleanup: Callable[[SandboxProcess], None] | None = None,
+    ) -> None:
+        self.sandbox_id = sandbox_id
+        self.pid = child.pid
+        self.paths = paths
+        self.cgroup = cgroup
+        # Isolated: the pid is a monitor that reports a payload's death by signal N as 128+N.
+        self.isolated = isolated
+        self._child = child
+        self._oom_before = oom_kills_before
+        self._on_cleanup = on_cleanup
+        self._exit: ExitInfo | None = None
+        self._lock = threading.Lock()
+        self._cleaned = False
+
+    # -- exit status -----------------------------------------------------------------------------
+
+    def _exit_info(self, rc: int) -> ExitInfo:
+        with self._lock:
+            if self._exit is None:
+                if self.isolated and 128 < rc < 128 + 65:
+                    rc = -(rc - 128)
+                oom = self.cgroup is not None and self.cgroup.oom_kills() > self._oom_before
+                if oom and rc != 0:
+                    reason = ExitReason.OUT_OF_MEMORY
+                elif rc == 0:
+                    reason = ExitReason.NORMAL
+                elif rc < 0:
+                    reason = ExitReason.SIGNALLED
+                else:
+                    reason = ExitReason.ERROR
+                self._exit = ExitInfo(rc, reason)
+            return self._exit
+
+    def poll(self) -> ExitInfo | None:
+        rc = self._child.poll_status()
+        return None if rc is None else self._exit_info(rc)
+
+    def wait(self, timeout: float | None = None) -> ExitInfo:
+        rc = self._child.wait_status(timeout)
+        if rc is None:
+            raise TimeoutError(f"sandbox {self.sandbox_id} still running after {timeout} s")
+        return self._exit_info(rc)
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def sandbox_pids(self) -> list[int]:
+        """Every process of the sandbox, monitor and reaper included."""
+        if self.cgroup is not None:
+            return self.cgroup.pids()
+        try:
+            proc = psutil.Process(self.pid)
+            return [self.pid] + [c.pid for c in proc.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _payload_pids(self) -> list[int]:
+        pids = self.sandbox_pids()
+        if not self.isolated:
+            return pids
+        return [p for p in pids if p != self.pid and _ppid(p) != self.pid]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is not None:
+            return
+        if not self.isolated and self.cgroup is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+            return
+        for pid in self._payload_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the whole sandbox, monitor included."""
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def shutdown(self, request_exit: Callable[[], None] | None, grace: float = 2.0) -> ShutdownRung:
+        """Protocol request -> wait -> SIGTERM -> wait -> SIGKILL; returns the rung that ended it."""
+        if self.poll() is not None:
+            return ShutdownRung.ALREADY_EXITED
+        if request_exit is not None:
+            try:
+                request_exit()
+            except Exception as exc:  # noqa: BLE001  (a dead bridge socket must not stop the ladder)
+                log.info("sandbox %s: shutdown request failed: %s", self.sandbox_id, exc)
+            if self._child.wait_status(grace) is not None:
+                return ShutdownRung.PROTOCOL
+        self.terminate()
+        if self._child.wait_status(grace) is not None:
+            return ShutdownRung.SIGTERM
+        self.kill()
+        if self._child.wait_status(CLEANUP_TIMEOUT) is None:
+            log.error("sandbox %s: pid %d survived SIGKILL", self.sandbox_id, self.pid)
+        return ShutdownRung.SIGKILL
+
+    # -- resources -------------------------------------------------------------------------------
+
+    def memory_bytes(self) -> int:
+        return self.cgroup.memory_bytes() if self.cgroup is not None else 0
+
+    def pss_bytes(self) -> int:
+        total = 0
+        for pid in self.sandbox_pids():
+            with contextlib.suppress(psutil.Error, AttributeError):
+                total += psutil.Process(pid).memory_full_info().pss
+        return total
+
+    # -- cleanup ---------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Kill what is left, remove the cgroup and the sockets. Idempotent."""
+        with self._lock:
+            if self._cleaned:
+                return
+        if self._child.poll_status() is None:
+            self.kill()
+            self._child.wait_status(CLEANUP_TIMEOUT)
+        if self.cgroup is not None:
+            self._remove_cgroup(self.cgroup)
+        with contextlib.suppress(FileNotFoundError):
+            for sock in self.paths.run.glob("*.sock"):
+                with contextlib.suppress(FileNotFoundError):
+                    sock.unlink()
+        with self._lock:
+            self._cleaned = True
+        if self._on_cleanup is not None:
+            self._on_cleanup(self)
+
+    def _remove_cgroup(self, cgroup: SandboxCgroup) -> None:
+        # Killed processes leave the cgroup only once reaped (by their pid-1 or by us): retry briefly.
+        done = threading.Event()
+        for _ in range(int(CLEANUP_TIMEOUT / 0.01)):
+            cgroup.kill_all()
+            if cgroup.remove():
+                return
+            done.wait(0.01)
+        log.error("sandbox %s: cgroup %s could not be removed", self.sandbox_id, cgroup.dirs)

@@ -1,0 +1,151 @@
+"""The fork server: `python -I -m ashd.sandboxing._zygote <fd> <server pid> <module:function>`.
+
+Started once with an empty environment (a forked child's /proc/self/environ shows the zygote's
+original environment block, so no secret may ever be in it). It pre-imports the heavy modules,
+freezes the GC so copy-on-write pages stay shared, then serves newline-delimited JSON on the
+inherited socket:
+
+    -> {"spawn": {...request...}}        <- {"pid": N} | {"error": "..."}
+                                         <- {"exit": N, "status": <Popen-style returncode>}
+
+It reaps its children itself (it is their parent) and reports every exit, so the server can tell
+an OOM kill from other deaths. It must stay single-threaded: it forks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ashd.sandboxing import _zygote_child as child
+
+# The bridge imports its engine lazily in main(); importing it here is what makes a spawn cheap.
+PRELOAD = ("anthropic", "ashd.bridge._server")
+
+
+def _load_entry(spec: str) -> Callable[[list[str]], object] | None:
+    module, _, func = spec.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        print(f"zygote: payload {module} not importable yet: {exc}", file=sys.stderr)
+        return None
+    # The payload may name the modules it imports lazily, so the zygote can import them once.
+    for name in getattr(mod, "ZYGOTE_PRELOAD", ()):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            print(f"zygote: cannot preload {name}: {exc}", file=sys.stderr)
+    entry = getattr(mod, func, None)
+    return entry if callable(entry) else None
+
+
+class _Zygote:
+    def __init__(self, sock: socket.socket, entry: Callable[[list[str]], object] | None) -> None:
+        self.sock = sock
+        self.entry = entry
+        self.pid = os.getpid()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.buf = b""
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self.sock.sendall(json.dumps(obj).encode() + b"\n")
+
+    def spawn(self, req: dict[str, Any]) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child.reset_after_fork(self.sock, [self.wake_r, self.wake_w])
+                child.redirect_stdio(req["log"])
+                child.monitor_main(req, self.pid, self.entry)
+            finally:
+                os._exit(127)
+        return pid
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.send({"exit": pid, "status": os.waitstatus_to_exitcode(status)})
+
+    def handle(self, line: bytes) -> None:
+        req = json.loads(line)
+        try:
+            self.send({"pid": self.spawn(req["spawn"])})
+        except Exception as exc:  # noqa: BLE001  (the server gets the reason; the zygote lives on)
+            self.send({"error": f"{type(exc).__name__}: {exc}"})
+
+    def serve(self) -> None:
+        self.send({"ready": True, "pid": self.pid, "payload": self.entry is not None})
+        while True:
+            try:
+                ready, _, _ = select.select([self.sock.fileno(), self.wake_r], [], [])
+            except InterruptedError:
+                continue
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake_r, 4096)
+                self.reap()
+            if self.sock.fileno() in ready:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    return  # the server went away: our children die with us (PDEATHSIG)
+                self.buf += data
+                while b"\n" in self.buf:
+                    line, self.buf = self.buf.split(b"\n", 1)
+                    self.handle(line)
+            self.reap()
+
+
+def main(argv: list[str]) -> int:
+    fd, server_pid, payload = int(argv[0]), int(argv[1]), argv[2]
+    child._prctl(child.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != server_pid:
+        return 1
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            print(f"zygote: cannot preload {name}: {exc}", file=sys.stderr)
+    entry = _load_entry(payload)
+    import runpy  # noqa: F401  (used by children; imported here so they share it)
+
+    if threading.active_count() > 1:
+        # fork() copies only the calling thread: locks held by others stay locked in children.
+        print(f"zygote: WARNING {threading.active_count()} threads after preloading", file=sys.stderr)
+    sock = socket.socket(fileno=fd)
+    gc.collect()
+    gc.freeze()
+    try:
+        _Zygote(sock, entry).serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except Exception:  # noqa: BLE001  (logged to the zygote log, then exit non-zero)
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,312 @@
+"""What a zygote's forked child does to become a sandbox equivalent to the bwrap route.
+
+    zygote ── fork ──► monitor (host pid we report): joins the cgroups, unshares the namespaces,
+                         forks, then mirrors its child's death (signal N -> exit 128+N, as bwrap)
+                 └──► init (pid 1): private mounts, tmpfs root, the same mount plan as bwrap,
+                         pivot_root, read-only /, forks, reaps
+                        └──► payload (pid 2): setsid, drops every capability, uid/gid 65534,
+                               no_new_privs, clean env, cwd /workspace, runs the program
+Runs in a forked copy of a single-threaded zygote, so only async-signal-safe-ish work is done and
+every failure ends in os._exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import platform
+import runpy
+import signal
+import socket
+import struct
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ashd.sandboxing._layout import HOSTNAME, SANDBOX_GID, SANDBOX_UID, Mount
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), 155)
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return s.encode() if s is not None else None
+
+    result = _libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
+    _check(result, f"mount {target}")
+
+
+def _prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+
+
+def _unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def _ensure_dir(path: str) -> None:
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    os.chmod(path, 0o755)  # noqa: S103  (system dirs of the sandbox root, as bwrap makes them)
+
+
+def _bind(src: str, target: str, *, readonly: bool, nodev: bool = True) -> None:
+    if os.path.isdir(src):
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if not os.path.exists(target):
+            with open(target, "w"):
+                pass
+    _mount(src, target, None, MS_BIND)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (MS_NODEV if nodev else 0) | (MS_RDONLY if readonly else 0)
+    _mount(None, target, None, flags)
+
+
+def _make_dev(target: str) -> None:
+    _ensure_dir(target)
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    for node in DEV_NODES:
+        _bind(f"/dev/{node}", f"{target}/{node}", readonly=False, nodev=False)
+    for name, dest in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("core", "/proc/kcore"),
+        ("ptmx", "pts/ptmx"),
+    ):
+        os.symlink(dest, f"{target}/{name}")
+    os.makedirs(f"{target}/shm", mode=0o755)
+    os.makedirs(f"{target}/pts", mode=0o755)
+    with contextlib.suppress(OSError):  # no pty support is not fatal, as with bwrap
+        opts = "newinstance,ptmxmode=0666,mode=620"
+        _mount("devpts", f"{target}/pts", "devpts", MS_NOSUID | MS_NOEXEC, opts)
+
+
+def apply_plan(plan: list[Mount], root: str) -> None:
+    for m in plan:
+        target = root + m.dest
+        if m.kind == "dir":
+            _ensure_dir(target)
+        elif m.kind == "symlink":
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            os.symlink(m.src, target)
+        elif m.kind in ("ro-bind", "bind"):
+            _bind(m.src, target, readonly=m.kind == "ro-bind")
+        elif m.kind == "tmpfs":
+            _ensure_dir(target)
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        elif m.kind == "proc":
+            _ensure_dir(target)
+            _mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        elif m.kind == "dev":
+            _make_dev(target)
+        else:
+            raise ValueError(f"unknown mount kind {m.kind!r}")
+
+
+def _enter_root(newroot: str) -> None:
+    _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    os.chdir(newroot)
+
+
+def _pivot(newroot: str) -> None:
+    os.chdir(newroot)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _exit_like(status: int) -> None:
+    """Die the way a monitor reports it: exit code, or 128+N for death by signal N (as bwrap)."""
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _wait_for(pid: int) -> int:
+    """Reap everything (we are a pid 1 or a monitor) until `pid` itself has exited."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 1 << 8
+        if done == pid:
+            return status
+
+
+def _drop_privileges() -> None:
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    for cap in range(last_cap + 1):
+        _prctl(PR_CAPBSET_DROP, cap)
+    os.setgroups([])
+    os.setresgid(SANDBOX_GID, SANDBOX_GID, SANDBOX_GID)
+    os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    # setuid cleared "dumpable" (no exec follows, unlike bwrap's route): without it /proc/self/*
+    # stays root-owned and the payload could not even read its own /proc/self/fd.
+    _prctl(PR_SET_DUMPABLE, 1)
+
+
+def _loopback_up() -> None:
+    """A new network namespace starts with `lo` down; bwrap brings it up, so do we."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+def _run_payload(req: dict[str, Any], entry: Callable[[list[str]], object] | None) -> None:
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    os.environ.setdefault("PWD", req["cwd"])  # as bwrap's --chdir does
+    argv: list[str] | None = req["argv"]
+    if argv is None:
+        if entry is None:
+            raise RuntimeError("the zygote has no payload entry function")
+        sys.argv = ["ashd.bridge", *req["payload_args"]]
+        result = entry(list(req["payload_args"]))
+        raise SystemExit(result if isinstance(result, int) else 0)
+    if os.path.basename(argv[0]).startswith("python"):
+        # Run Python programs in this pre-warmed interpreter instead of a fresh exec.
+        args = list(argv[1:])
+        while args and args[0] in ("-I", "-S", "-u", "-B", "-E", "-s"):
+            args.pop(0)
+        if args[:1] == ["-c"] and len(args) >= 2:
+            sys.argv = ["-c", *args[2:]]
+            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102  (python -c)
+            return
+        if args[:1] == ["-m"] and len(args) >= 2:
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            return
+        if args and not args[0].startswith("-"):
+            sys.argv = args
+            sys.path[0:0] = [os.path.dirname(os.path.abspath(args[0]))]
+            runpy.run_path(args[0], run_name="__main__")
+            return
+    os.execvpe(argv[0], argv, req["env"])  # noqa: S606  (argv is the caller's program, no shell)
+
+
+def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None) -> None:
+    code = 0
+    try:
+        os.setsid()
+        _drop_privileges()
+        _run_payload(req, entry)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001  (a forked child must never return into the zygote)
+        traceback.print_exc()
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None) -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _check(_libc.sethostname(HOSTNAME.encode(), len(HOSTNAME)), "sethostname")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    if not req["network"]:
+        _loopback_up()
+    newroot = req["newroot"]
+    _enter_root(newroot)
+    apply_plan([Mount.from_json(m) for m in req["plan"]], newroot)
+    _pivot(newroot)
+    pid = os.fork()
+    if pid == 0:
+        _payload_main(req, entry)
+    _exit_like(_wait_for(pid))
+
+
+def monitor_main(req: dict[str, Any], zygote_pid: int, entry: Callable[[list[str]], object] | None) -> None:
+    """Entry of the zygote's forked child; never returns."""
+    try:
+        os.setsid()
+        for path in req["cgroup_procs"]:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != zygote_pid:
+            os._exit(1)
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        if not req["network"]:
+            flags |= CLONE_NEWNET
+        _unshare(flags)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _init_main(req, entry)
+            except BaseException:  # noqa: BLE001  (never return into the zygote)
+                traceback.print_exc()
+                sys.stderr.flush()
+            os._exit(127)
+        _exit_like(_wait_for(pid))
+    except BaseException:  # noqa: BLE001  (never return into the zygote)
+        traceback.print_exc()
+        sys.stderr.flush()
+    os._exit(127)
+
+
+def redirect_stdio(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.close(null)
+
+
+def reset_after_fork(sock: socket.socket, fds: list[int]) -> None:
+    """Drop the zygote's fds (closing Python objects properly, so a later GC cannot close a
+    reused fd number) and signal set-up."""
+    signal.set_wakeup_fd(-1)
+    sock.close()
+    for fd in fds:
+        os.close(fd)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    os.closerange(3, 65536)

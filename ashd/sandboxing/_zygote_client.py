@@ -1,0 +1,164 @@
+"""The server's side of the fork server: start it, ask it to spawn, learn when children exit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ashd.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAYLOAD = "ashd.bridge.__main__:main"
+BOOT_TIMEOUT = 60.0
+SPAWN_TIMEOUT = 10.0
+
+
+class ZygoteChild:
+    """A zygote child as seen from the server: its exit status arrives over the zygote socket."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._done = threading.Event()
+        self._status: int | None = None
+
+    def set_status(self, status: int) -> None:
+        self._status = status
+        self._done.set()
+
+    def poll_status(self) -> int | None:
+        return self._status if self._done.is_set() else None
+
+    def wait_status(self, timeout: float | None) -> int | None:
+        self._done.wait(timeout)
+        return self.poll_status()
+
+
+class ZygoteClient:
+    def __init__(self, log_path: Path, payload: str = DEFAULT_PAYLOAD) -> None:
+        self.log_path = log_path
+        self.payload = payload
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._children: dict[int, ZygoteChild] = {}
+        self._lock = threading.Lock()
+        self._spawn_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self.has_payload = False
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None and self._sock is not None
+
+    def start(self) -> None:
+        """Call from the launcher's long-lived spawner thread: the zygote's PDEATHSIG follows the
+        thread that forked it."""
+        self._replies = queue.Queue()  # nothing stale from a previous zygote
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with open(self.log_path, "ab") as logf:
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-m",
+                    "ashd.sandboxing._zygote",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    self.payload,
+                ],
+                pass_fds=[theirs.fileno()],
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                start_new_session=True,
+                cwd="/",
+            )
+        theirs.close()
+        self._sock = ours
+        self._reader = threading.Thread(target=self._read, name="ashd-zygote-reader", daemon=True)
+        self._reader.start()
+        try:
+            hello = self._replies.get(timeout=BOOT_TIMEOUT)
+        except queue.Empty:
+            self.stop()
+            raise SandboxError(f"the sandbox fork server did not start; see {self.log_path}") from None
+        if not hello.get("ready"):
+            raise SandboxError(f"the sandbox fork server failed to start: {hello}; see {self.log_path}")
+        self.has_payload = bool(hello.get("payload"))
+        log.info("sandbox zygote %d ready (payload %s)", hello.get("pid"), self.payload)
+
+    def _read(self) -> None:
+        assert self._sock is not None
+        buf = b""
+        while True:
+            try:
+                data = self._sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if "exit" in msg:
+                    with self._lock:
+                        child = self._children.pop(msg["exit"], None)
+                    if child is not None:
+                        child.set_status(int(msg["status"]))
+                    continue
+                if "pid" in msg:
+                    # Registered here, in socket order, so its exit can never be seen first.
+                    msg["child"] = ZygoteChild(msg["pid"])
+                    with self._lock:
+                        self._children[msg["pid"]] = msg["child"]
+                self._replies.put(msg)
+        # The zygote is gone: its children died with it (PDEATHSIG SIGKILL).
+        with self._lock:
+            orphans, self._children = list(self._children.values()), {}
+        for child in orphans:
+            child.set_status(-9)
+        self._replies.put({"error": "the sandbox fork server exited"})
+
+    def spawn(self, request: dict[str, Any]) -> ZygoteChild:
+        with self._lock:
+            sock = self._sock
+        if sock is None or not self.alive():
+            raise SandboxError("the sandbox fork server is not running")
+        with self._spawn_lock:
+            sock.sendall(json.dumps({"spawn": request}).encode() + b"\n")
+            try:
+                reply = self._replies.get(timeout=SPAWN_TIMEOUT)
+            except queue.Empty:
+                raise SandboxError("the sandbox fork server did not answer") from None
+        if "pid" not in reply:
+            raise SandboxError(f"the sandbox fork server could not start a sandbox: {reply.get('error')}")
+        child: ZygoteChild = reply["child"]
+        return child
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self._reader is not None:
+            self._reader.join(5)
+            self._reader = None

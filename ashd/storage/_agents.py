@@ -1,0 +1,409 @@
+"""Agents: registration by name per tenant, versions, managed folders, encrypted env.
+
+An agent is a folder with `AGENT.md`. It is either a server-side directory named by the client
+(`path`, stored as given, resolved) or a folder the server materialises from uploaded `files` and a
+`systemPrompt` under `<data dir>/agents/<tenant>/<name>/v<version>/`. Every deploy of a managed
+agent writes a new version directory, so a session that is copying the previous version while a new
+one is deployed is never disturbed; versions older than the previous one are pruned.
+
+The version counter is advanced in the database, under the row lock of an `UPDATE` (PostgreSQL) or
+the writer lock of `BEGIN IMMEDIATE` (SQLite); a concurrent first deploy of one name loses the race
+on the unique constraint and retries as an update, so no deploy loses a version.
+
+Blocking file work runs in threads (`asyncio.to_thread`), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ashd.errors import BadRequest, NotFound
+from ashd.storage._crypto import Cipher
+from ashd.storage._database import Database
+from ashd.storage._models import Agent, iso, new_id, utcnow
+
+if TYPE_CHECKING:
+    from ashd.services import Services
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+SYSTEM_PROMPT_FILE = "AGENT.md"
+MAX_FILES = 1000
+MAX_FILE_BYTES = 10 * 1024 * 1024
+MAX_TOTAL_BYTES = 50 * 1024 * 1024
+MAX_PATH_CHARS = 1024
+MAX_ENV_VARS = 200
+MAX_ENV_VALUE_CHARS = 32 * 1024
+MASK = "***"
+# Server-owned parts of the data dir that a `path` deploy may not point into: they hold other
+# tenants' agents, workspaces and snapshots.
+RESERVED_DATA_DIRS = frozenset({"agents", "sandboxes", "snapshots", "attachments", "zygote", "tmp"})
+_DEPLOY_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class AgentFile:
+    """One file of a materialised agent: a checked relative path and its bytes."""
+
+    path: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    """An agent row as the API shows it; env values are never carried, only their names."""
+
+    id: str
+    tenant_id: str
+    name: str
+    version: int
+    path: str
+    managed: bool
+    model: str | None
+    env_names: tuple[str, ...]
+    network: bool
+    created_at: str | None
+    updated_at: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "tenantId": self.tenant_id, "version": self.version,
+            "path": self.path, "model": self.model, "env": {k: MASK for k in self.env_names},
+            "network": self.network, "createdAt": self.created_at, "updatedAt": self.updated_at,
+        }
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What session code needs to start a sandbox for an agent (env decrypted)."""
+
+    id: str
+    name: str
+    version: int
+    path: str
+    model: str | None
+    env: Mapping[str, str]
+    network: bool
+
+    def __repr__(self) -> str:  # env values may be secrets
+        return f"AgentView(name={self.name!r}, version={self.version}, path={self.path!r})"
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise BadRequest(
+            f"agent name {name[:64]!r} is invalid: use 1-255 letters, digits, '_' or '-'"
+        )
+    return name
+
+
+def check_env(env: Mapping[str, Any]) -> dict[str, str]:
+    if len(env) > MAX_ENV_VARS:
+        raise BadRequest(f"`env` has {len(env)} variables; at most {MAX_ENV_VARS} are allowed")
+    for key, value in env.items():
+        if not ENV_NAME_RE.match(key):
+            raise BadRequest(f"`env` name {key[:64]!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            raise BadRequest(f"`env.{key}` must be a string")
+        if "\x00" in value or len(value) > MAX_ENV_VALUE_CHARS:
+            raise BadRequest(f"`env.{key}` must be at most {MAX_ENV_VALUE_CHARS} characters, without NUL")
+    return dict(env)
+
+
+def check_file_path(rel: str) -> str:
+    """A path of an uploaded agent file: relative, `/`-separated, no `..`, no NUL. Returns it cleaned."""
+    if not rel or len(rel) > MAX_PATH_CHARS:
+        raise BadRequest(f"file path must be 1-{MAX_PATH_CHARS} characters")
+    if "\x00" in rel:
+        raise BadRequest("file path must not contain a NUL character")
+    if rel.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", rel):
+        raise BadRequest(f"file path must be relative, not absolute: {rel!r}")
+    parts = rel.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise BadRequest(f"file path must not contain a '..' segment: {rel!r}")
+    cleaned = "/".join(p for p in parts if p not in ("", "."))
+    if not cleaned:
+        raise BadRequest(f"file path {rel!r} does not name a file")
+    return cleaned
+
+
+def check_files(files: Sequence[AgentFile]) -> list[AgentFile]:
+    """Paths checked and cleaned; no duplicates, no file used as a directory; sizes bounded."""
+    if len(files) > MAX_FILES:
+        raise BadRequest(f"`files` has {len(files)} entries; at most {MAX_FILES} are allowed")
+    cleaned: dict[str, AgentFile] = {}
+    total = 0
+    for f in files:
+        rel = check_file_path(f.path)
+        if rel in cleaned:
+            raise BadRequest(f"`files` names {rel!r} twice")
+        if len(f.data) > MAX_FILE_BYTES:
+            raise BadRequest(f"file {rel!r} is {len(f.data)} bytes; at most {MAX_FILE_BYTES} per file")
+        total += len(f.data)
+        cleaned[rel] = AgentFile(rel, f.data)
+    if total > MAX_TOTAL_BYTES:
+        raise BadRequest(f"`files` hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
+    for rel in cleaned:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in cleaned:
+                raise BadRequest(f"{'/'.join(parts[:i])!r} is both a file and the directory of {rel!r}")
+    return list(cleaned.values())
+
+
+def tenant_dir_name(tenant: str) -> str:
+    """A directory name for a tenant id that is safe whatever the id contains."""
+    if NAME_RE.match(tenant) and len(tenant) <= 64:
+        return tenant
+    return "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+
+def _env_aad(tenant: str, agent_id: str) -> bytes:
+    return f"agent-env:{tenant}:{agent_id}".encode()
+
+
+def _record(row: Agent, env_names: tuple[str, ...]) -> AgentRecord:
+    return AgentRecord(
+        id=row.id, tenant_id=row.tenant_id, name=row.name, version=row.version, path=row.path,
+        managed=row.managed, model=row.model, env_names=env_names, network=row.network,
+        created_at=iso(row.created_at), updated_at=iso(row.updated_at),
+    )
+
+
+class _Keep:
+    """Type of `KEEP`: "leave this field as it is" in `Agents.patch`."""
+
+
+KEEP = _Keep()
+
+
+class Agents:
+    """The agent repository of one server: database rows plus managed folders under the data dir."""
+
+    def __init__(self, db: Database, cipher: Cipher, data_dir: Path) -> None:
+        self._db = db
+        self._cipher = cipher
+        self._data_dir = data_dir.resolve()
+        self._root = self._data_dir / "agents"
+
+    @classmethod
+    def of(cls, services: Services) -> Agents:
+        return cls(services.db, services.cipher, services.settings.data_path)
+
+    # --- reading ---
+
+    def _env(self, row: Agent) -> dict[str, str]:
+        value = self._cipher.decrypt_json(row.env_ciphertext, _env_aad(row.tenant_id, row.id))
+        return dict(value) if isinstance(value, dict) else {}
+
+    def _to_record(self, row: Agent) -> AgentRecord:
+        return _record(row, tuple(sorted(self._env(row))))
+
+    async def _row(self, tenant: str, name: str) -> Agent:
+        async with self._db.read() as s:
+            row = (await s.execute(
+                select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+            )).scalar_one_or_none()
+        if row is None:
+            raise NotFound(f"Agent {name} not found")
+        return row
+
+    async def get(self, tenant: str, name: str) -> AgentRecord:
+        return self._to_record(await self._row(tenant, name))
+
+    async def list(self, tenant: str) -> list[AgentRecord]:
+        async with self._db.read() as s:
+            rows = (await s.execute(
+                select(Agent).where(Agent.tenant_id == tenant).order_by(Agent.name)
+            )).scalars().all()
+        return [self._to_record(r) for r in rows]
+
+    async def resolve(self, tenant: str, name: str) -> AgentView:
+        row = await self._row(tenant, name)
+        return AgentView(id=row.id, name=row.name, version=row.version, path=row.path, model=row.model,
+                         env=MappingProxyType(self._env(row)), network=row.network)
+
+    async def folder(self, tenant: str, name: str) -> Path:
+        """The agent's directory, for file listing and reading."""
+        return Path((await self._row(tenant, name)).path)
+
+    # --- writing ---
+
+    async def deploy(
+        self, tenant: str, name: str, *, path: str | None = None, files: Sequence[AgentFile] | None = None,
+        system_prompt: str | None = None, model: str | None = None, env: Mapping[str, str] | None = None,
+        network: bool | None = None,
+    ) -> AgentRecord:
+        """Register or redeploy `name` (upsert, version + 1). Exactly one source: `path`, or
+        `files`/`system_prompt`. `model`, `env`, `network` left as None keep their stored values."""
+        check_name(name)
+        env = check_env(env) if env is not None else None
+        if path is not None and (files or system_prompt is not None):
+            raise BadRequest("give either `path` or `files`/`systemPrompt`, not both")
+        if path is not None:
+            folder = await asyncio.to_thread(self._check_folder, path)
+            return await self._upsert(tenant, name, folder, None, model, env, network)
+        if not files and system_prompt is None:
+            raise BadRequest("`path` is required (or upload the agent with `files` and/or `systemPrompt`)")
+        checked = check_files(files or [])
+        if system_prompt is not None:
+            if any(f.path == SYSTEM_PROMPT_FILE for f in checked):
+                raise BadRequest(f"give the system prompt either as `systemPrompt` or as a `files` entry "
+                                 f"{SYSTEM_PROMPT_FILE}, not both")
+            checked.append(AgentFile(SYSTEM_PROMPT_FILE, system_prompt.encode()))
+        if not any(f.path == SYSTEM_PROMPT_FILE for f in checked):
+            raise BadRequest(f"the agent has no {SYSTEM_PROMPT_FILE}: add `systemPrompt` or a `files` entry "
+                             f"{SYSTEM_PROMPT_FILE}")
+        base = self._root / tenant_dir_name(tenant) / name
+        staging = await asyncio.to_thread(self._materialise, base, checked)
+        try:
+            return await self._upsert(tenant, name, None, (base, staging), model, env, network)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+
+    async def patch(
+        self, tenant: str, name: str, *, model: str | _Keep | None = KEEP,
+        env: Mapping[str, str] | _Keep | None = KEEP, network: bool | _Keep = KEEP,
+    ) -> AgentRecord:
+        """Update model/env/network without a new version. Pass `KEEP` for a field to leave it;
+        `None` clears model or env."""
+        async with self._db.tx() as s:
+            row = (await s.execute(
+                select(Agent).where(Agent.tenant_id == tenant, Agent.name == name).with_for_update()
+            )).scalar_one_or_none()
+            if row is None:
+                raise NotFound(f"Agent {name} not found")
+            if not isinstance(model, _Keep):
+                row.model = model
+            if not isinstance(env, _Keep):
+                row.env_ciphertext = self._encrypt_env(tenant, row.id, check_env(env) if env else None)
+            if not isinstance(network, _Keep):
+                row.network = network
+            row.updated_at = utcnow()
+            await s.flush()
+            return self._to_record(row)
+
+    async def delete(self, tenant: str, name: str) -> None:
+        """Remove the registration; sessions stay. A managed folder is removed too (sessions have
+        their own copy in their workspace)."""
+        async with self._db.tx() as s:
+            row = (await s.execute(
+                select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+            )).scalar_one_or_none()
+            if row is None:
+                raise NotFound(f"Agent {name} not found")
+            managed = row.managed
+            await s.execute(delete(Agent).where(Agent.id == row.id))
+        if managed:
+            await asyncio.to_thread(shutil.rmtree, self._root / tenant_dir_name(tenant) / name, True)
+
+    # --- internals ---
+
+    def _encrypt_env(self, tenant: str, agent_id: str, env: Mapping[str, str] | None) -> bytes | None:
+        if not env:
+            return None
+        return self._cipher.encrypt_json(dict(env), _env_aad(tenant, agent_id))
+
+    def _check_folder(self, raw: str) -> Path:
+        """Resolve a `path` deploy (relative to the data dir) and check it is an agent folder."""
+        if "\x00" in raw or not raw.strip():
+            raise BadRequest("`path` must be a directory path")
+        folder = (self._data_dir / Path(raw).expanduser()).resolve()
+        if folder == self._data_dir or self._data_dir.is_relative_to(folder):
+            raise BadRequest(f"`path` {raw!r} contains the server's data directory and cannot be an agent")
+        if folder.is_relative_to(self._data_dir):
+            top = folder.relative_to(self._data_dir).parts[0]
+            if top in RESERVED_DATA_DIRS or top.startswith("."):
+                raise BadRequest(f"`path` {raw!r} points into the server-owned {top!r} directory")
+        if not folder.is_dir():
+            raise BadRequest(f"`path` {raw!r} is not a directory on the server (resolved to {folder})")
+        if not (folder / SYSTEM_PROMPT_FILE).is_file():
+            raise BadRequest(f"directory {folder} lacks {SYSTEM_PROMPT_FILE}")
+        return folder
+
+    def _materialise(self, base: Path, files: Sequence[AgentFile]) -> Path:
+        staging = base / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True, mode=0o700)
+        for f in files:
+            target = staging / f.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(f.data)
+        return staging
+
+    @staticmethod
+    def _install(base: Path, staging: Path, version: int) -> Path:
+        """Move the staged folder to `v<version>` and prune versions older than the previous one."""
+        target = base / f"v{version}"
+        if target.exists():  # left by a deploy whose transaction did not commit: the version is ours
+            shutil.rmtree(target)
+        staging.rename(target)
+        for old in base.glob("v*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) < version - 1:
+                shutil.rmtree(old, ignore_errors=True)
+        return target
+
+    async def _upsert(
+        self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
+        model: str | None, env: Mapping[str, str] | None, network: bool | None,
+    ) -> AgentRecord:
+        for _ in range(_DEPLOY_ATTEMPTS):
+            try:
+                return await self._upsert_once(tenant, name, folder, staged, model, env, network)
+            except IntegrityError:
+                log.debug("concurrent first deploy of agent %s; retrying as an update", name)
+        raise BadRequest(f"agent {name} is being deployed concurrently too often; retry")
+
+    async def _upsert_once(
+        self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
+        model: str | None, env: Mapping[str, str] | None, network: bool | None,
+    ) -> AgentRecord:
+        now = utcnow()
+        async with self._db.tx() as s:
+            bumped = (await s.execute(
+                update(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+                .values(version=Agent.version + 1, updated_at=now).returning(Agent.id, Agent.version)
+            )).first()
+            if bumped is None:
+                # Claim the name first: a concurrent first deploy fails here (unique constraint) and
+                # retries as an update, before any folder has been moved into place.
+                s.add(Agent(id=new_id(), tenant_id=tenant, name=name, version=1, path="", managed=False,
+                            network=False, created_at=now, updated_at=now))
+                await s.flush()
+            row = (await s.execute(
+                select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+                .execution_options(populate_existing=True)
+            )).scalar_one()
+            if staged is not None:
+                row.path = str(await asyncio.to_thread(self._install, staged[0], staged[1], row.version))
+            else:
+                assert folder is not None
+                row.path = str(folder)
+            row.managed = staged is not None
+            if model is not None:
+                row.model = model
+            if env is not None:
+                row.env_ciphertext = self._encrypt_env(tenant, row.id, env)
+            if network is not None:
+                row.network = network
+            await s.flush()
+            return self._to_record(row)
+
+
+async def resolve_agent(services: Services, tenant: str, name: str) -> AgentView:
+    """The agent `name` of `tenant` for starting a session; NotFound when absent (or another tenant's)."""
+    return await Agents.of(services).resolve(tenant, name)

@@ -1,0 +1,210 @@
+"""Session rows, lifecycle transitions with their events, messages and stored stream frames."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, select, update
+
+from ashd.errors import NotFound
+from ashd.storage._database import Database
+from ashd.storage._models import Message, Session, SessionEvent, iso, new_id, utcnow
+from ashd.storage._sequence import allocate
+
+_SECRET_HINTS = ("key", "token", "secret", "password", "auth")
+
+
+def mask_mcp(servers: dict[str, Any] | None) -> dict[str, Any] | None:
+    """MCP server configs as shown to clients: env values and URL credentials masked."""
+    if servers is None:
+        return None
+    shown: dict[str, Any] = {}
+    for name, cfg in servers.items():
+        cfg = dict(cfg) if isinstance(cfg, dict) else cfg
+        if isinstance(cfg, dict) and isinstance(cfg.get("env"), dict):
+            cfg["env"] = {k: "***" for k in cfg["env"]}
+        if isinstance(cfg, dict) and isinstance(cfg.get("headers"), dict):
+            cfg["headers"] = {k: ("***" if any(h in k.lower() for h in _SECRET_HINTS) else v)
+                              for k, v in cfg["headers"].items()}
+        shown[name] = cfg
+    return shown
+
+
+def session_json(row: Session) -> dict[str, Any]:
+    config = json.loads(row.config or "{}")
+    out: dict[str, Any] = {
+        "id": row.id,
+        "tenantId": row.tenant_id,
+        "agentName": row.agent_name,
+        "sandboxId": row.sandbox_id,
+        "status": row.status,
+        "model": row.model,
+        "runnerId": row.runner_id,
+        "parentSessionId": row.parent_session_id,
+        "createdAt": iso(row.created_at),
+        "lastActiveAt": iso(row.last_active_at),
+    }
+    for key in ("systemPrompt", "permissionMode", "allowedTools", "disallowedTools", "betas", "subagents",
+                "initialAgent", "network"):
+        if key in config:
+            out[key] = config[key]
+    if "mcpServers" in config:
+        out["mcpServers"] = mask_mcp(config["mcpServers"])
+    if row.credential_id:
+        out["credentialId"] = row.credential_id
+    if row.env_ciphertext is not None:
+        out["extraEnv"] = {k: "***" for k in config.get("extraEnvKeys", [])}
+    if row.error:
+        out["error"] = row.error
+    return out
+
+
+@dataclass(frozen=True)
+class FrameRow:
+    sequence: int
+    event: str
+    data: str
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One stored event; `frame_event`/`frame_data` set when it is also an SSE frame."""
+
+    sequence: int
+    type: str
+    data: Any
+    frame_event: str | None = None
+    frame_data: str | None = None
+
+
+class Sessions:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def insert(self, row: Session) -> Session:
+        async with self.db.tx() as s:
+            s.add(row)
+        return row
+
+    async def get(self, tenant: str, session_id: str) -> Session:
+        async with self.db.read() as s:
+            row = (await s.execute(
+                select(Session).where(Session.id == session_id, Session.tenant_id == tenant)
+            )).scalar_one_or_none()
+        if row is None:
+            raise NotFound(f"Session {session_id} not found")
+        return row
+
+    async def get_any(self, session_id: str) -> Session | None:
+        async with self.db.read() as s:
+            return (await s.execute(select(Session).where(Session.id == session_id))).scalar_one_or_none()
+
+    async def list(self, tenant: str, agent: str | None, limit: int = 1000) -> list[Session]:
+        query = select(Session).where(Session.tenant_id == tenant)
+        if agent:
+            query = query.where(Session.agent_name == agent)
+        async with self.db.read() as s:
+            return list((await s.execute(query.order_by(Session.created_at.desc()).limit(limit))).scalars())
+
+    async def transition(self, session_id: str, tenant: str, status: str, action: str, *,
+                         extra: dict[str, Any] | None = None, **values: Any) -> Session:
+        """Set the status (and other columns) and store the lifecycle event, in one transaction."""
+        now = utcnow()
+        async with self.db.tx() as s:
+            await s.execute(update(Session).where(Session.id == session_id)
+                            .values(status=status, updated_at=now, **values))
+            seq = await allocate(s, session_id, "event")
+            s.add(SessionEvent(id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle",
+                               data=json.dumps({"action": action, "status": status, **(extra or {})}),
+                               sequence=seq, created_at=now))
+            row = (await s.execute(select(Session).where(Session.id == session_id))).scalar_one()
+        return row
+
+    async def reserve_events(self, session_id: str, count: int) -> int:
+        async with self.db.tx() as s:
+            return await allocate(s, session_id, "event", count)
+
+    async def add_user_message(self, session_id: str, tenant: str, content: Any) -> int:
+        now = utcnow()
+        async with self.db.tx() as s:
+            seq = await allocate(s, session_id, "message")
+            s.add(Message(id=new_id(), session_id=session_id, tenant_id=tenant, role="user",
+                          content=json.dumps({"type": "user", "content": content}), sequence=seq, created_at=now))
+            await s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
+        return seq
+
+    async def store_turn_batch(self, session_id: str, tenant: str, messages: Sequence[tuple[str, str]],
+                               events: Sequence[EventRecord]) -> None:
+        """Messages (role, content JSON) get sequences here; events come with reserved sequences."""
+        if not messages and not events:
+            return
+        now = utcnow()
+        async with self.db.tx() as s:
+            if messages:
+                first = await allocate(s, session_id, "message", len(messages))
+                s.add_all([Message(id=new_id(), session_id=session_id, tenant_id=tenant, role=role,
+                                   content=content, sequence=first + i, created_at=now)
+                           for i, (role, content) in enumerate(messages)])
+            s.add_all([SessionEvent(id=new_id(), session_id=session_id, tenant_id=tenant, type=e.type,
+                                    data=None if e.data is None else json.dumps(e.data), sequence=e.sequence,
+                                    frame_event=e.frame_event, frame_data=e.frame_data, created_at=now)
+                       for e in events])
+            await s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
+
+    async def messages(self, tenant: str, session_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+        async with self.db.read() as s:
+            rows = (await s.execute(
+                select(Message).where(Message.session_id == session_id, Message.tenant_id == tenant,
+                                      Message.sequence > after).order_by(Message.sequence).limit(limit)
+            )).scalars().all()
+        return [{"id": r.id, "sessionId": r.session_id, "tenantId": r.tenant_id, "role": r.role,
+                 "content": r.content, "sequence": r.sequence, "createdAt": iso(r.created_at)} for r in rows]
+
+    async def all_message_contents(self, session_id: str) -> list[dict[str, Any]]:
+        async with self.db.read() as s:
+            rows = (await s.execute(select(Message.content).where(Message.session_id == session_id)
+                                    .order_by(Message.sequence))).scalars().all()
+        return [json.loads(c) for c in rows]
+
+    async def events(self, tenant: str, session_id: str, after: int, limit: int,
+                     type_: str | None) -> list[dict[str, Any]]:
+        query = select(SessionEvent).where(SessionEvent.session_id == session_id, SessionEvent.tenant_id == tenant,
+                                           SessionEvent.sequence > after)
+        if type_:
+            query = query.where(SessionEvent.type == type_)
+        async with self.db.read() as s:
+            rows = (await s.execute(query.order_by(SessionEvent.sequence).limit(limit))).scalars().all()
+        return [{"id": r.id, "sessionId": r.session_id, "tenantId": r.tenant_id, "type": r.type, "data": r.data,
+                 "sequence": r.sequence, "createdAt": iso(r.created_at)} for r in rows]
+
+    async def frames_after(self, session_id: str, after: int, limit: int = 500) -> list[FrameRow]:
+        async with self.db.read() as s:
+            rows = (await s.execute(
+                select(SessionEvent.sequence, SessionEvent.frame_event, SessionEvent.frame_data)
+                .where(and_(SessionEvent.session_id == session_id, SessionEvent.sequence > after,
+                            SessionEvent.frame_event.is_not(None)))
+                .order_by(SessionEvent.sequence).limit(limit)
+            )).all()
+        return [FrameRow(r[0], r[1], r[2]) for r in rows]
+
+    async def pause_orphans(self, runner_id: str | None = None) -> list[str]:
+        """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk."""
+        async with self.db.tx() as s:
+            query = select(Session.id, Session.tenant_id).where(Session.status.in_(("active", "starting")))
+            if runner_id is not None:
+                query = query.where(Session.runner_id == runner_id)
+            rows = (await s.execute(query)).all()
+            if not rows:
+                return []
+            ids = [r[0] for r in rows]
+            now = utcnow()
+            await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now))
+            for sid, tenant in rows:
+                seq = await allocate(s, sid, "event")
+                s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="lifecycle",
+                                   data=json.dumps({"action": "paused", "status": "paused", "reason": "restart"}),
+                                   sequence=seq, created_at=now))
+        return ids

@@ -1,0 +1,211 @@
+"""The bridge as a real process on a Unix socket, driven by the server's BridgeConnection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+from typing import Any
+
+import pytest
+
+from ashd.bridge import protocol as p
+from ashd.devtools.fake_model import FakeModel
+from ashd.errors import SandboxError
+from ashd.sandboxing._bridge_client import BridgeConnection
+from tests.fixtures.bridge_fixture import BridgeHarness, bridge, collect, messages_of  # noqa: F401
+from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
+
+
+class RawClient:
+    """Speaks the protocol by hand, to test what BridgeConnection never sends."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = p.FrameReader(sock)
+
+    @classmethod
+    async def open(cls, path: str) -> RawClient:
+        conn = await BridgeConnection.connect(path, 30)  # waits for the bridge; then hand over
+        await conn.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, path)
+        return cls(sock)
+
+    async def send_raw(self, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(self.sock, data)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.send_raw(json.dumps(frame).encode() + b"\n")
+
+    async def read(self) -> dict[str, Any]:
+        async with asyncio.timeout(30):
+            while True:
+                frame = await self.reader.read()
+                assert frame is not None, "bridge closed the connection"
+                if frame["type"] != "log":
+                    return frame
+
+
+async def test_hello_init_query_done(bridge: BridgeHarness) -> None:
+    conn = await bridge.connect()
+    assert conn.ready["type"] == "ready"
+    assert conn.ready["protocol"] == 1
+    assert conn.pid == bridge.process.pid  # type: ignore[union-attr]
+    assert conn.ready["bridgeVersion"]
+    init_ok = await conn.init({})
+    assert init_ok["type"] == "init_ok"
+    assert init_ok["sessionId"]
+
+    frames = await collect(conn, "hello bridge")
+    assert [f["type"] for f in frames].count("done") == 1
+    assert frames[-1]["type"] == "done"
+    assert all(f["id"] == frames[-1]["id"] for f in frames)
+    msgs = messages_of(frames)
+    assert [m["type"] for m in msgs] == ["assistant", "result"]
+    assert msgs[0]["message"]["content"][0]["text"] == "echo: hello bridge"
+    assert msgs[1]["subtype"] == "success"
+    assert msgs[1]["result"] == "echo: hello bridge"
+    await conn.ping()
+
+
+async def test_socket_is_private(bridge: BridgeHarness) -> None:
+    await bridge.connect()
+    assert stat.S_IMODE(os.stat(bridge.socket).st_mode) == 0o600
+
+
+async def test_query_before_init_is_an_error_then_done(bridge: BridgeHarness) -> None:
+    conn = await bridge.connect()
+    frames = await collect(conn, "too early")
+    assert [f["type"] for f in frames] == ["error", "done"]
+    assert "init" in frames[0]["error"]
+
+
+async def test_interrupt_during_a_tool_call(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    fake_model.script(
+        "INTR-1",
+        [{"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "sleep 60"}}]}],
+    )
+    conn = await bridge.init({})
+    seen: list[dict[str, Any]] = []
+    query = conn.query("INTR-1 go", query_id="q-intr")
+    async for frame in query:
+        seen.append(frame)
+        if frame["type"] == "message" and frame["data"]["type"] == "assistant":
+            await conn.interrupt("q-intr")
+    tail = [f["type"] for f in seen[-2:]]
+    assert tail == ["error", "done"]
+    assert seen[-2]["error"] == "interrupted"
+    # The conversation stays usable: the dangling tool call was answered.
+    again = await collect(conn, "after interrupt")
+    assert messages_of(again)[-1]["subtype"] == "success"
+    last_request = fake_model.requests_containing("after interrupt")[-1]["body"]["messages"]
+    results = [b for m in last_request for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    assert results[0]["is_error"] is True
+
+
+async def test_exec(bridge: BridgeHarness) -> None:
+    conn = await bridge.init({"env": {"GREETING": "hi-from-env"}})
+    (bridge.workspace / "f.txt").write_text("x")
+    res = await conn.exec(["sh", "-c", 'ls; echo "$GREETING"; echo oops >&2; exit 3'])
+    assert res["type"] == "exec_result"
+    assert res["exitCode"] == 3
+    assert res["stdout"].split() == ["f.txt", "hi-from-env"]
+    assert res["stderr"].strip() == "oops"
+    timed = await conn.exec(["sleep", "30"], timeout=0.5)
+    assert timed["timedOut"] is True
+    missing = await conn.exec(["/no/such/program"])
+    assert missing["exitCode"] == 127
+
+
+async def test_shutdown_exits_zero_and_removes_socket(bridge: BridgeHarness) -> None:
+    conn = await bridge.init({})
+    await conn.shutdown()
+    assert bridge.process is not None
+    assert await asyncio.wait_for(bridge.process.wait(), 30) == 0
+    assert not os.path.exists(bridge.socket)
+
+
+async def test_oversized_frame_is_refused_and_connection_survives(bridge: BridgeHarness) -> None:
+    raw = await RawClient.open(bridge.socket)
+    await raw.send({"type": "hello", "protocol": 1})
+    assert (await raw.read())["type"] == "ready"
+    big = b'{"type":"ping","id":"big","pad":"' + b"x" * p.MAX_FRAME_BYTES + b'"}\n'
+    sender = asyncio.create_task(raw.send_raw(big + b'{"type":"ping","id":"small"}\n'))
+    refused = await raw.read()
+    assert refused["type"] == "error"
+    assert "frame refused" in refused["error"]
+    assert await raw.read() == {"type": "pong", "id": "small"}
+    await sender
+    raw.sock.close()
+
+
+async def test_unknown_fields_and_types_are_ignored(bridge: BridgeHarness) -> None:
+    raw = await RawClient.open(bridge.socket)
+    await raw.send({"type": "hello", "protocol": 1, "protocols": [1, 2], "client": "future", "x": {"y": 1}})
+    ready = await raw.read()
+    assert ready["type"] == "ready"
+    assert ready["protocol"] == 1
+    await raw.send({"type": "init", "id": "i1", "config": {"futureOption": True}, "extra": 1})
+    assert (await raw.read())["type"] == "init_ok"
+    await raw.send({"type": "some_future_notice", "payload": 1})  # no id: silently ignored
+    await raw.send({"type": "query", "id": "q1", "prompt": "hi", "futureField": [1, 2]})
+    types = []
+    while True:
+        frame = await raw.read()
+        types.append(frame["type"])
+        if frame["type"] == "done":
+            break
+    assert types == ["message", "message", "done"]
+    raw.sock.close()
+
+
+async def test_handshake_rules(bridge: BridgeHarness) -> None:
+    raw = await RawClient.open(bridge.socket)
+    await raw.send({"type": "ping", "id": "early"})
+    early = await raw.read()
+    assert early["type"] == "error"
+    assert "hello" in early["error"]
+    await raw.send({"type": "hello", "protocol": 99})
+    refused = await raw.read()
+    assert refused["type"] == "error"
+    assert "unsupported" in refused["error"]
+    raw.sock.close()
+
+
+async def test_a_new_connection_replaces_the_old_one(bridge: BridgeHarness) -> None:
+    first = await bridge.init({})
+    second = await bridge.connect()
+    with pytest.raises(SandboxError):
+        await first.ping()
+    await second.ping()
+    # The engine survives the reconnect: no second init needed.
+    frames = await collect(second, "still there?")
+    assert messages_of(frames)[-1]["subtype"] == "success"
+
+
+async def test_setup_runs_once_and_logs_outside_the_workspace(bridge: BridgeHarness) -> None:
+    (bridge.workspace / "setup.sh").write_text("echo setting-up; echo done > made-by-setup.txt\n")
+    logs: list[dict[str, Any]] = []
+    conn = await BridgeConnection.connect(bridge.socket, 30, on_log=logs.append)
+    await conn.init({"runSetup": True, "setupTimeout": 60})
+    assert (bridge.workspace / "made-by-setup.txt").read_text() == "done\n"
+    assert "setting-up" in (bridge.home / ".ashd-logs" / "setup.sh.log").read_text()
+    assert not (bridge.workspace / ".ashd").exists()
+    await conn.ping()  # log frames sent before init_ok were read on the way
+    assert any("setting-up" in f["message"] for f in logs)
+    (bridge.workspace / "made-by-setup.txt").unlink()
+    await conn.init({"runSetup": True})
+    assert not (bridge.workspace / "made-by-setup.txt").exists()
+
+
+async def test_failing_setup_answers_error(bridge: BridgeHarness) -> None:
+    (bridge.workspace / "setup.sh").write_text("echo first-line; echo broken >&2; exit 3\n")
+    conn = await bridge.connect()
+    with pytest.raises(SandboxError) as info:
+        await conn.init({"runSetup": True})
+    assert "setup.sh failed (exit 3)" in str(info.value)
+    assert "broken" in str(info.value)

@@ -1,0 +1,135 @@
+"""SnapshotActor end to end: real workspace dirs, real tars, a file:// mount and a real S3 server."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import boto3
+import pytest
+
+from ashd.actors._aio import call
+from ashd.actors._snapshot import SnapshotActor, SnapshotProxy, snapshot_proxy
+from ashd.errors import NotFound
+from ashd.storage._files import list_files
+from ashd.storage._snapshots_stores import SnapshotStore, store_from_url
+from tests.fixtures.s3_fixture import s3_bucket, s3_server  # noqa: F401
+
+TIMEOUT = 60.0
+
+
+def make_workspace(root: Path, marker: str) -> Path:
+    (root / "src").mkdir(parents=True, exist_ok=True)
+    (root / "src" / "main.py").write_text(f"print({marker!r})\n")
+    (root / "notes.md").write_text("# notes\n")
+    (root / "node_modules" / "dep").mkdir(parents=True, exist_ok=True)
+    (root / "node_modules" / "dep" / "index.js").write_text("x")
+    return root
+
+
+def start(data: Path, remote: SnapshotStore | None = None) -> SnapshotProxy:
+    return snapshot_proxy(SnapshotActor.start(data / "snapshots", remote, keep=2))
+
+
+async def test_snapshot_latest_reader_restore_delete_from_asyncio(tmp_path: Path) -> None:
+    actor = start(tmp_path / "data")
+    ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "one")
+
+    info = await call(actor.snapshot("s1", ws), TIMEOUT)
+    assert info.path.parent == tmp_path / "data" / "snapshots" / "s1"
+    assert info.file_count == 2
+    assert await call(actor.latest("s1"), TIMEOUT) == info
+    assert await call(actor.latest("unknown"), TIMEOUT) is None
+
+    reader = await call(actor.reader("s1"), TIMEOUT)
+    assert reader is not None
+    with reader:
+        assert [f.path for f in reader.list_files()] == ["notes.md", "src/main.py"]
+
+    dest = tmp_path / "sandboxes" / "y" / "workspace"
+    assert await call(actor.restore("s1", dest), TIMEOUT) is True
+    assert (dest / "src" / "main.py").read_text() == "print('one')\n"
+    assert not (dest / "node_modules").exists()
+    assert await call(actor.restore("unknown", tmp_path / "z"), TIMEOUT) is False
+    assert await call(actor.reader("unknown"), TIMEOUT) is None
+
+    await call(actor.delete("s1"), TIMEOUT)
+    assert await call(actor.latest("s1"), TIMEOUT) is None
+    assert not (tmp_path / "data" / "snapshots" / "s1").exists()
+
+
+async def test_errors_reach_the_caller(tmp_path: Path) -> None:
+    actor = start(tmp_path / "data")
+    with pytest.raises(NotFound, match="does not exist"):
+        await call(actor.snapshot("s1", tmp_path / "no-workspace"), TIMEOUT)
+    assert await call(actor.latest("s1"), TIMEOUT) is None  # the actor lives on
+
+
+def test_start_up_removes_partials_left_by_a_crash(tmp_path: Path) -> None:
+    session_dir = tmp_path / "data" / "snapshots" / "s1"
+    session_dir.mkdir(parents=True)
+    (session_dir / ".partial-abc.tar.gz").write_bytes(b"half")
+    actor = start(tmp_path / "data")
+    assert actor.latest("s1").get(timeout=TIMEOUT) is None
+    assert os.listdir(session_dir) == []
+
+
+def test_cross_runner_resume_through_a_shared_mount(tmp_path: Path) -> None:
+    shared = f"file://{tmp_path}/shared"
+    runner_a = start(tmp_path / "a", store_from_url(shared))
+    runner_b = start(tmp_path / "b", store_from_url(shared))
+    ws_a = make_workspace(tmp_path / "ws_a", "from a")
+
+    first = runner_a.snapshot("s1", ws_a).get(timeout=TIMEOUT)
+
+    # B never saw the session: it downloads the snapshot into its own local cache.
+    on_b = runner_b.latest("s1").get(timeout=TIMEOUT)
+    assert on_b is not None
+    assert (on_b.key, on_b.path.parent) == (first.key, tmp_path / "b" / "snapshots" / "s1")
+    ws_b = tmp_path / "ws_b"
+    assert runner_b.restore("s1", ws_b).get(timeout=TIMEOUT) is True
+    assert (ws_b / "src" / "main.py").read_text() == "print('from a')\n"
+
+    # The session runs on B and is snapshotted there; back on A, the newer remote one wins.
+    (ws_b / "src" / "main.py").write_text("print('from b')\n")
+    newer = runner_b.snapshot("s1", ws_b).get(timeout=TIMEOUT)
+    back_on_a = runner_a.latest("s1").get(timeout=TIMEOUT)
+    assert back_on_a is not None
+    assert back_on_a.key == newer.key
+    ws_a2 = tmp_path / "ws_a2"
+    runner_a.restore("s1", ws_a2).get(timeout=TIMEOUT)
+    assert (ws_a2 / "src" / "main.py").read_text() == "print('from b')\n"
+    assert [f.path for f in list_files(ws_a2)] == ["notes.md", "src/main.py"]
+
+
+def test_s3_upload_failure_keeps_the_local_snapshot_and_retries(
+    s3_bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    bucket = f"{s3_bucket}-late"  # does not exist yet: every upload fails
+    remote = store_from_url(f"s3://{bucket}/snaps")
+    actor = start(tmp_path / "data", remote)
+    ws = make_workspace(tmp_path / "ws", "v1")
+
+    with caplog.at_level(logging.WARNING, logger="ashd.actors._snapshot"):
+        info = actor.snapshot("s1", ws).get(timeout=TIMEOUT)
+    assert info.path.is_file()
+    assert any("upload failed" in r.getMessage() for r in caplog.records)
+    assert actor.pending_uploads().get(timeout=TIMEOUT) == {"s1": info.key}
+    # The remote is down, the local snapshot still answers.
+    assert actor.latest("s1").get(timeout=TIMEOUT) == info
+    assert actor.retry_uploads().get(timeout=TIMEOUT) == 1
+
+    boto3.session.Session().client("s3").create_bucket(Bucket=bucket)
+    assert actor.retry_uploads().get(timeout=TIMEOUT) == 0
+    assert actor.pending_uploads().get(timeout=TIMEOUT) == {}
+    assert remote.latest("s1") == info.key
+
+    # Another runner with an empty cache gets it from S3.
+    other = start(tmp_path / "other", store_from_url(f"s3://{bucket}/snaps"))
+    assert other.restore("s1", tmp_path / "restored").get(timeout=TIMEOUT) is True
+    assert (tmp_path / "restored" / "src" / "main.py").read_text() == "print('v1')\n"
+
+    actor.delete("s1").get(timeout=TIMEOUT)
+    assert remote.latest("s1") is None
+    assert other.latest("s1").get(timeout=TIMEOUT) is not None  # other's local cache is its own

@@ -1,0 +1,213 @@
+"""Workspace file access: listing, exclusions, traversal, symlink escapes, limits, headers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from ashd.errors import BadRequest, NotFound
+from ashd.storage._files import (
+    check_raw_size,
+    content_disposition,
+    list_files,
+    mime_type,
+    open_file,
+    read_for_json,
+    resolve_file,
+)
+
+
+def write(root: Path, rel: str, data: bytes | str = "x") -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        path.write_text(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root
+
+
+def test_lists_recursively_with_relative_posix_paths_sizes_and_utc_times(ws: Path) -> None:
+    write(ws, "README.md", "hello")
+    write(ws, "src/pkg/main.py", "print(1)\n")
+    write(ws, ".hidden/config", "")
+    os.utime(ws / "README.md", (1_700_000_000, 1_700_000_000))
+
+    files = list_files(ws)
+
+    assert [f.path for f in files] == [".hidden/config", "README.md", "src/pkg/main.py"]
+    readme = files[1]
+    assert readme.size == 5
+    assert readme.modified_at == dt.datetime.fromtimestamp(1_700_000_000, dt.UTC)
+    assert readme.to_json() == {"path": "README.md", "size": 5, "modifiedAt": "2023-11-14T22:13:20.000Z"}
+
+
+def test_excludes_the_interface_directories_and_file_types(ws: Path) -> None:
+    excluded_dirs = ["node_modules", ".git", "__pycache__", ".cache", ".npm", ".pnpm-store", ".yarn",
+                     ".venv", "venv", ".tmp", "tmp"]
+    for d in excluded_dirs:
+        write(ws, f"{d}/inner/file.txt")
+        write(ws, f"src/{d}/nested.txt")
+    for name in ("a.sock", "yarn.lock", "server.pid"):
+        write(ws, f"src/{name}")
+    write(ws, "src/keep.lockfile")
+    write(ws, "src/tmpfile.txt")
+    write(ws, "venvs/kept.txt")
+
+    assert [f.path for f in list_files(ws)] == ["src/keep.lockfile", "src/tmpfile.txt", "venvs/kept.txt"]
+
+
+def test_skips_sockets_fifos_and_symlinks_that_escape(ws: Path, tmp_path: Path) -> None:
+    outside = write(tmp_path, "outside/secret.txt", "secret")
+    write(ws, "real.txt", "inside")
+    os.mkfifo(ws / "pipe")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(ws / "s"))
+    try:
+        (ws / "escape").symlink_to(outside)
+        (ws / "escape_dir").symlink_to(outside.parent, target_is_directory=True)
+        (ws / "relative_escape").symlink_to("../outside/secret.txt")
+        (ws / "dangling").symlink_to("nope.txt")
+        (ws / "alias.txt").symlink_to("real.txt")
+        (ws / "dir_alias").symlink_to(ws, target_is_directory=True)  # a loop if followed
+
+        files = {f.path: f.size for f in list_files(ws)}
+    finally:
+        sock.close()
+
+    assert files == {"alias.txt": 6, "real.txt": 6}
+
+
+def test_listing_stops_at_the_entry_bound(ws: Path) -> None:
+    for i in range(30):
+        write(ws, f"f{i:02d}")
+    assert len(list_files(ws, max_entries=10)) == 10
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["", "/etc/passwd", "../x", "a/../../x", "a/..", "..", "a\x00b", ".", "./"],
+)
+def test_resolve_refuses_bad_paths_with_400(ws: Path, rel: str) -> None:
+    write(ws, "a/file")
+    with pytest.raises(BadRequest):
+        resolve_file(ws, rel)
+
+
+def test_resolve_directory_is_400_and_missing_is_404(ws: Path) -> None:
+    write(ws, "dir/file", "x")
+    with pytest.raises(BadRequest, match="is a directory"):
+        resolve_file(ws, "dir")
+    with pytest.raises(NotFound, match="missing.txt"):
+        resolve_file(ws, "missing.txt")
+    with pytest.raises(NotFound):
+        resolve_file(ws, "dir/file/below")
+
+
+def test_resolve_follows_links_inside_but_refuses_escapes_as_404(ws: Path, tmp_path: Path) -> None:
+    write(ws, "src/a.py", "A")
+    outside = write(tmp_path, "host/secret", "S")
+    (ws / "link.py").symlink_to("src/a.py")
+    (ws / "srcdir").symlink_to("src", target_is_directory=True)
+    (ws / "escape").symlink_to(outside)
+    (ws / "hostdir").symlink_to(outside.parent, target_is_directory=True)
+
+    assert resolve_file(ws, "link.py") == (ws / "src/a.py").resolve()
+    assert resolve_file(ws, "srcdir/a.py") == (ws / "src/a.py").resolve()
+    for rel in ("escape", "hostdir/secret"):
+        with pytest.raises(NotFound, match="outside"):
+            resolve_file(ws, rel)
+
+
+def test_resolve_refuses_a_fifo_without_blocking(ws: Path) -> None:
+    os.mkfifo(ws / "pipe")
+    with pytest.raises(BadRequest, match="not a regular file"):
+        resolve_file(ws, "pipe")
+
+
+def test_open_file_returns_bytes_and_size(ws: Path) -> None:
+    write(ws, "data.bin", b"\x00\x01\x02")
+    fh, size = open_file(ws, "data.bin")
+    with fh:
+        assert (fh.read(), size) == (b"\x00\x01\x02", 3)
+
+
+def test_read_for_json_limits_and_binary(ws: Path) -> None:
+    text = write(ws, "t.txt", "héllo")
+    big = write(ws, "big.txt", b"a" * 2049)
+    binary = write(ws, "b.bin", b"\xff\xfe\x00")
+
+    assert read_for_json(text) == "héllo"
+    assert read_for_json(big, limit=4096) == "a" * 2049
+    with pytest.raises(BadRequest, match=r"file is 2049 bytes; format=json is limited to .*use format=raw"):
+        read_for_json(big, limit=2048)
+    with pytest.raises(BadRequest, match=r"binary.*use format=raw"):
+        read_for_json(binary)
+
+
+def test_default_json_limit_is_one_megabyte(ws: Path) -> None:
+    over = write(ws, "over.txt", b"a" * (1024 * 1024 + 1))
+    with pytest.raises(BadRequest, match="limited to 1 MB"):
+        read_for_json(over)
+
+
+def test_raw_size_check() -> None:
+    check_raw_size(100 * 1024 * 1024)
+    with pytest.raises(BadRequest, match="limited to 100 MB"):
+        check_raw_size(100 * 1024 * 1024 + 1)
+
+
+def test_mime_type_by_extension_with_fallback() -> None:
+    assert mime_type("src/app.py") == "text/x-python"
+    assert mime_type("index.html") == "text/html"
+    assert mime_type("data.json") == "application/json"
+    assert mime_type("blob.unknownext") == "application/octet-stream"
+    assert mime_type("Makefile") == "application/octet-stream"
+
+
+def test_content_disposition_is_rfc5987_with_ascii_fallback() -> None:
+    assert content_disposition("dir/report.txt") == (
+        "attachment; filename*=UTF-8''report.txt; filename=\"report.txt\""
+    )
+    header = content_disposition('résumé "final";.pdf')
+    assert header.startswith("attachment; filename*=UTF-8''r%C3%A9sum%C3%A9%20%22final%22%3B.pdf;")
+    fallback = header.split('filename="', 1)[1][:-1]
+    assert fallback.isascii()
+    assert '"' not in fallback
+
+
+def test_directory_reader_is_the_same_file_source_as_a_snapshot(ws: Path, tmp_path: Path) -> None:
+    from ashd.storage._files import DirectoryReader, FileSource
+    from ashd.storage._snapshots import snapshot_workspace
+    from ashd.storage._snapshots_reader import SnapshotReader
+
+    write(ws, "a.txt", "A")
+    write(ws, "b/c.bin", b"\xff")
+    (ws / "escape").symlink_to(tmp_path)
+    info = snapshot_workspace(ws, tmp_path / "snaps" / "s", "s")
+    sources: list[FileSource] = [DirectoryReader(ws), SnapshotReader(info.path)]
+    for source in sources:
+        assert [f.path for f in source.list_files()] == ["a.txt", "b/c.bin"]
+        assert source.read_for_json("a.txt") == "A"
+        stream, size = source.open_file("b/c.bin")
+        with stream:
+            assert (stream.read(), size) == (b"\xff", 1)
+        with pytest.raises(BadRequest, match="binary"):
+            source.read_for_json("b/c.bin")
+        with pytest.raises(BadRequest, match="directory"):
+            source.open_file("b")
+        with pytest.raises(BadRequest, match=r"\.\."):
+            source.open_file("b/../a.txt")
+        with pytest.raises(NotFound):
+            source.open_file("escape/x")
