@@ -56,6 +56,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     loop = asyncio.get_running_loop()
     limits = SandboxLimits(memory_bytes=settings.sandbox_memory_mb * 1024 * 1024, pids=settings.sandbox_pids,
                            cpu_cores=settings.sandbox_cpu)
+    _check_socket_paths(settings.data_path)
     launcher = SandboxLauncher(LauncherConfig(data_dir=settings.data_path, limits=limits,
                                               use_zygote=settings.zygote,
                                               allow_weak_isolation=settings.allow_weak_isolation))
@@ -72,7 +73,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     snap_ref = SnapshotActor.start(settings.data_path / "snapshots", remote)
     snapshots = snapshot_proxy(snap_ref)
     services.snapshots = snapshots
-    stops.append(("snapshot actor", lambda: asyncio.to_thread(snap_ref.stop, True, settings.actor_timeout_seconds)))
+    stops.append(("snapshot actor", lambda: asyncio.to_thread(lambda: snap_ref.stop(block=True, timeout=settings.actor_timeout_seconds))))
 
     model_proxy = ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
                              default_key=lambda: settings.anthropic_api_key)
@@ -150,11 +151,28 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     stops.append(("session actors", registry.stop_all))
 
     async def stop_pool() -> None:
-        await asyncio.to_thread(pool_ref.stop, True, settings.actor_timeout_seconds)
+        await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=settings.actor_timeout_seconds))
 
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
     stops.append(("pool actor", stop_pool))
     return stops
+
+
+# sun_path is 108 bytes on Linux; the deepest socket is <data>/sandboxes/<id>/run/bridge.sock.
+_SOCKET_PATH_MAX = 107
+_SANDBOX_ID_LEN = len("sb-") + 16
+
+
+def _check_socket_paths(data: Path) -> None:
+    deepest = len(str(data / "sandboxes")) + 1 + _SANDBOX_ID_LEN + len("/run/bridge.sock")
+    if deepest > _SOCKET_PATH_MAX:
+        from ashd.errors import ConfigError
+
+        raise ConfigError(
+            f"SERVICE_DATA_DIR={data} is too long: sandbox sockets under it would exceed the "
+            f"{_SOCKET_PATH_MAX}-byte Unix socket path limit; use a path of at most "
+            f"{_SOCKET_PATH_MAX - (deepest - len(str(data)))} characters"
+        )
 
 
 def _sandbox_owner() -> tuple[int, int] | None:

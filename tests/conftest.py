@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,19 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
 
 @pytest.fixture
-def settings(tmp_path: Path, db_url: str) -> Settings:
+def short_tmp() -> Iterator[Path]:
+    """A short temp dir: sandbox socket paths must fit the 108-byte Unix socket limit."""
+    path = Path(tempfile.mkdtemp(prefix="ashd-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(short_tmp: Path, db_url: str) -> Settings:
     return Settings(
-        data_dir=str(tmp_path / "data"),
+        data_dir=str(short_tmp / "data"),
         database_url=db_url,
         prewarm=0,
         zygote=False,

@@ -29,7 +29,7 @@ class SseSink:
 
     @classmethod
     async def open(cls, request: web.Request, read_timeout: float = CLIENT_READ_TIMEOUT) -> SseSink:
-        response = EventSourceResponse(send_timeout=None, ping_interval=15)
+        response = EventSourceResponse(send_timeout=None, ping_interval=15, allow_all_methods=True)
         response.headers["Cache-Control"] = "no-cache"
         await response.prepare(request)
         transport = request.transport

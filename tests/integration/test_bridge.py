@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (fixtures are imported by name until the root conftest registers them)
 """The bridge as a real process on a Unix socket, driven by the server's BridgeConnection."""
 
 from __future__ import annotations
@@ -103,7 +104,12 @@ async def test_interrupt_during_a_tool_call(bridge: BridgeHarness, fake_model: F
     again = await collect(conn, "after interrupt")
     assert messages_of(again)[-1]["subtype"] == "success"
     last_request = fake_model.requests_containing("after interrupt")[-1]["body"]["messages"]
-    results = [b for m in last_request for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    results = [
+        b
+        for m in last_request
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
     assert results[0]["is_error"] is True
 
 

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (fixtures are imported by name until the root conftest registers them)
 """The agent engine end to end: real bridge process → anthropic SDK → ModelProxy → fake model."""
 
 from __future__ import annotations
@@ -54,7 +55,12 @@ async def test_file_tools_and_bash_change_the_workspace(bridge: BridgeHarness, f
             {"content": [tool("Edit", file_path="out/new.txt", old_string="two", new_string="three")]},
             {"content": [tool("Read", file_path=str(bridge.workspace / "notes.txt"))]},
             {"content": [tool("Bash", command='echo "$SESSION_VAR" > bash.txt && cat out/new.txt')]},
-            {"content": [tool("Grep", pattern="^be", output_mode="content"), tool("Glob", pattern="**/*.txt")]},
+            {
+                "content": [
+                    tool("Grep", pattern="^be", output_mode="content"),
+                    tool("Glob", pattern="**/*.txt"),
+                ]
+            },
             {"content": [text("all done")]},
         ],
     )
@@ -136,7 +142,12 @@ async def test_permissions_by_agent(bridge: BridgeHarness, fake_model: FakeModel
     fake_model.script(
         "PERM-1",
         [
-            {"content": [tool("Bash", command="echo allowed > yes.txt"), tool("Bash", command="touch no.txt")]},
+            {
+                "content": [
+                    tool("Bash", command="echo allowed > yes.txt"),
+                    tool("Bash", command="touch no.txt"),
+                ]
+            },
             {"content": [tool("Write", file_path="w.txt", content="x")]},
             {"content": [text("ok")]},
         ],
@@ -153,11 +164,17 @@ async def test_subagent_runs_via_task(bridge: BridgeHarness, fake_model: FakeMod
     fake_model.script(
         "MAIN-1",
         [
-            {"content": [tool("Task", description="look", prompt="SUB-1 find it", subagent_type="researcher")]},
+            {
+                "content": [
+                    tool("Task", description="look", prompt="SUB-1 find it", subagent_type="researcher")
+                ]
+            },
             {"content": [text("main done")]},
         ],
     )
-    fake_model.script("SUB-1", [{"content": [tool("Read", file_path="x.txt")]}, {"content": [text("sub answer")]}])
+    fake_model.script(
+        "SUB-1", [{"content": [tool("Read", file_path="x.txt")]}, {"content": [text("sub answer")]}]
+    )
     (bridge.workspace / "x.txt").write_text("content")
     subagents = {"researcher": {"description": "reads", "prompt": "You research.", "tools": ["Read"]}}
     conn = await bridge.init({"subagents": subagents})
@@ -177,7 +194,9 @@ async def test_subagent_runs_via_task(bridge: BridgeHarness, fake_model: FakeMod
 
 async def test_initial_agent_sets_main_prompt(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     (bridge.workspace / "AGENT.md").write_text("Default agent prompt.")
-    subagents = {"writer": {"description": "writes", "prompt": "You write.", "tools": ["Write"], "model": "haiku"}}
+    subagents = {
+        "writer": {"description": "writes", "prompt": "You write.", "tools": ["Write"], "model": "haiku"}
+    }
     conn = await bridge.init({"subagents": subagents, "initialAgent": "writer"})
     await collect(conn, "INIT-AGENT-1")
     body = fake_model.requests_containing("INIT-AGENT-1")[0]["body"]
@@ -229,7 +248,9 @@ async def test_bad_key_becomes_error_then_done(bridge: BridgeHarness, fake_model
     assert len(fake_model.requests_containing("AUTH-1")) == 1  # 401 is never retried
 
 
-async def test_persistent_overload_gives_up_with_a_clear_error(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+async def test_persistent_overload_gives_up_with_a_clear_error(
+    bridge: BridgeHarness, fake_model: FakeModel
+) -> None:
     errors = [{"status": 529, "message": "Overloaded", "retryAfter": 0}] * 10
     fake_model.script("OVER-1", [{"errors": errors, "content": [text("never")]}])
     conn = await bridge.init({})
@@ -250,15 +271,25 @@ async def test_history_continues_a_conversation(bridge: BridgeHarness, fake_mode
         {"type": "user", "content": "HIST-1 first question"},
         {
             "type": "assistant",
-            "message": {"id": "m1", "role": "assistant", "content": [tool("Bash", command="true") | {"id": "t1"}]},
+            "message": {
+                "id": "m1",
+                "role": "assistant",
+                "content": [tool("Bash", command="true") | {"id": "t1"}],
+            },
             "parent_tool_use_id": None,
         },
         {
             "type": "user",
-            "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": ""}]},
+            "message": {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": ""}],
+            },
             "parent_tool_use_id": None,
         },
-        {"type": "assistant", "message": {"id": "m2", "role": "assistant", "content": [text("first answer")]}},
+        {
+            "type": "assistant",
+            "message": {"id": "m2", "role": "assistant", "content": [text("first answer")]},
+        },
         {"type": "result", "subtype": "success"},
     ]
     conn = await bridge.init({"history": history_from_stored(stored)})
@@ -276,7 +307,12 @@ async def test_history_continues_a_conversation(bridge: BridgeHarness, fake_mode
 async def test_partial_messages_stream_deltas(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     fake_model.script(
         "PART-1",
-        [{"content": [{"type": "thinking", "thinking": "let me think"}, text("streamed reply text")], "chunk": 4}],
+        [
+            {
+                "content": [{"type": "thinking", "thinking": "let me think"}, text("streamed reply text")],
+                "chunk": 4,
+            }
+        ],
     )
     conn = await bridge.init({})
     frames = await collect(conn, "PART-1", include_partial_messages=True)
@@ -300,7 +336,10 @@ async def test_usage_in_the_result_adds_up(bridge: BridgeHarness, fake_model: Fa
                 "content": [tool("Bash", command="true")],
                 "usage": {"input_tokens": 100, "output_tokens": 10, "cache_creation_input_tokens": 5},
             },
-            {"content": [text("ok")], "usage": {"input_tokens": 200, "output_tokens": 20, "cache_read_input_tokens": 7}},
+            {
+                "content": [text("ok")],
+                "usage": {"input_tokens": 200, "output_tokens": 20, "cache_read_input_tokens": 7},
+            },
         ],
     )
     conn = await bridge.init({"model": "claude-sonnet-4-5"})

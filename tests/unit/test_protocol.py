@@ -100,7 +100,9 @@ async def test_writer_writes_whole_frames() -> None:
         writer = p.FrameWriter(a)
         reader = p.FrameReader(b)
         # Concurrent writers, a reader draining at the same time: frames never interleave.
-        writes = asyncio.gather(*(writer.write({"type": "log", "n": i, "pad": "y" * 100_000}) for i in range(20)))
+        writes = asyncio.gather(
+            *(writer.write({"type": "log", "n": i, "pad": "y" * 100_000}) for i in range(20))
+        )
         seen = sorted([(await reader.read())["n"] for _ in range(20)])
         await writes
         assert seen == list(range(20))

@@ -1,0 +1,102 @@
+"""Sessions end to end through real HTTP: real sandboxes, a real bridge, the fake model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from ashd.config import Settings
+from ashd.devtools.fake_model import FakeModel
+from tests.conftest import Api, start_api
+from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
+from tests.fixtures.sse import parse_frames
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture
+async def sapi(aiohttp_client: Any, settings: Settings, fake_model: FakeModel) -> AsyncIterator[Api]:  # noqa: F811
+    server, api = await start_api(aiohttp_client, settings.with_(
+        zygote=True, anthropic_base_url=fake_model.url, anthropic_api_key="sk-ant-test-server-key"))
+    try:
+        yield api
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+async def deploy(api: Api, name: str = "helper", prompt: str = "You are helpful.") -> dict[str, Any]:
+    status, body = await api.call("POST", "/api/agents", json={"name": name, "systemPrompt": prompt})
+    assert status == 201, body
+    return body["agent"]
+
+
+async def create(api: Api, **extra: Any) -> dict[str, Any]:
+    status, body = await api.call("POST", "/api/sessions", json={"agent": "helper", **extra})
+    assert status == 201, body
+    return body["session"]
+
+
+async def send(api: Api, sid: str, content: str, **extra: Any) -> tuple[int, list[Any]]:
+    resp = await api.client.post(f"/api/sessions/{sid}/messages", json={"content": content, **extra},
+                                 headers=api.headers())
+    text = await resp.text()
+    if resp.status != 200:
+        return resp.status, [json.loads(text)]
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    return resp.status, parse_frames(text)
+
+
+async def test_create_message_pause_resume_delete(sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
+    await deploy(sapi)
+    session = await create(sapi)
+    assert session["status"] == "active" and session["sandboxId"]
+    sid = session["id"]
+
+    status, frames = await send(sapi, sid, "hello there")
+    assert status == 200
+    events = [f.event for f in frames]
+    assert events[-1] == "done" and events.count("done") == 1
+    assert frames[-1].data == {"sessionId": sid}
+    messages = [f.data for f in frames if f.event == "message"]
+    assert any(m["type"] == "assistant" for m in messages)
+    assert messages[-1]["type"] == "result"
+    ids = [f.id for f in frames]
+    assert all(i is not None for i in ids) and ids == sorted(ids)
+    # the server's key reached the model; the sandbox never had it
+    sent = fake_model.requests_containing("hello there")
+    assert sent and sent[0]["headers"].get("x-api-key") == "sk-ant-test-server-key"
+
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}/messages")
+    assert status == 200
+    roles = [m["role"] for m in body["messages"]]
+    assert roles[0] == "user" and "assistant" in roles
+    assert json.loads(body["messages"][0]["content"]) == {"type": "user", "content": "hello there"}
+    seqs = [m["sequence"] for m in body["messages"]]
+    assert seqs == sorted(seqs)
+
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}/events")
+    types = {e["type"] for e in body["events"]}
+    assert {"lifecycle", "text", "turn_complete"} <= types
+
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/pause")
+    assert status == 200 and body["session"]["status"] == "paused"
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/pause")
+    assert status == 400 and "paused" in body["error"]
+    status, body = await send(sapi, sid, "while paused")
+    assert status == 400
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+    assert status == 200 and body["session"]["status"] == "active"
+    status, frames = await send(sapi, sid, "again")
+    assert status == 200 and frames[-1].event == "done"
+
+    status, body = await sapi.call("DELETE", f"/api/sessions/{sid}")
+    assert status == 200 and body["session"]["status"] == "ended"
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+    assert status == 410
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}/messages")
+    assert status == 200 and len(body["messages"]) >= 4
+
