@@ -93,7 +93,7 @@ class FakeModel:
         except ValueError:
             return web.json_response(error_body(400, "request body is not JSON"), status=400)
         with self._lock:
-            self._requests.append({"path": request.path_qs, "headers": dict(request.headers), "body": body})
+            self._requests.append({"path": request.path_qs, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body})
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return web.json_response(error_body(400, "messages: field required"), status=400)
         turn = self.scripts.pick(body)
@@ -124,7 +124,7 @@ class FakeModel:
     async def _count_tokens(self, request: web.Request) -> web.Response:
         body = await request.json()
         with self._lock:
-            self._requests.append({"path": request.path_qs, "headers": dict(request.headers), "body": body})
+            self._requests.append({"path": request.path_qs, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body})
         return web.json_response({"input_tokens": estimate_input_tokens(body)})
 
     async def _post_script(self, request: web.Request) -> web.Response:

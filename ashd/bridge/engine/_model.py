@@ -167,7 +167,8 @@ async def call_model(
                 raise _final_error(exc, attempt) from exc
             delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
             if isinstance(exc, anthropic.APIStatusError):
-                delay = min(_retry_after(exc) or delay, BACKOFF_MAX_S * 3)
+                hinted = _retry_after(exc)
+                delay = min(hinted, BACKOFF_MAX_S * 3) if hinted is not None else delay
             log.warning(
                 "model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay
             )

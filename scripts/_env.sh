@@ -1,0 +1,29 @@
+# Shared by scripts/serve and scripts/test: system packages and the virtualenv, idempotent.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+need_apt=()
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing ${need_apt[*]} (sandbox isolation)" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "warning: ${need_apt[*]} missing and cannot be installed here; sandboxes need them" >&2
+  fi
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+EXTRAS="${1:-}"
+stamp=".venv/.installed${EXTRAS:+-$EXTRAS}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+  touch "$stamp"
+fi

@@ -1,0 +1,111 @@
+"""Storage against SQLite and PostgreSQL: migrations, atomic sequences, durability, transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+from sqlalchemy import func, select, text
+
+from ashd.errors import NotFound
+from ashd.storage import Database, Message, Session, allocate
+from ashd.storage._migrate import MIGRATIONS, migrate
+from ashd.storage._sessions import Sessions
+
+
+async def test_migrations_are_idempotent_and_recorded(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        assert await migrate(db.engine) == []  # second run applies nothing
+        async with db.read() as s:
+            versions = (await s.execute(text("SELECT version FROM schema_migrations"))).scalars().all()
+        assert sorted(versions) == [m[0] for m in MIGRATIONS]
+        assert await db.meta("api_key_hmac_secret")
+    finally:
+        await db.close()
+
+
+async def test_sequences_are_atomic_under_concurrency(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        row = await sessions.insert(Session(tenant_id="t", agent_name="a"))
+
+        async def writer(n: int) -> list[int]:
+            got = []
+            for _ in range(n):
+                got.append(await sessions.add_user_message(row.id, "t", "hi"))
+            return got
+
+        results = await asyncio.gather(*(writer(15) for _ in range(12)))
+        allocated = [seq for chunk in results for seq in chunk]
+        assert len(allocated) == len(set(allocated)) == 180
+        assert sorted(allocated) == list(range(1, 181))
+        async with db.read() as s:
+            count = (await s.execute(select(func.count()).select_from(Message))).scalar_one()
+        assert count == 180
+        blocks = await asyncio.gather(*(sessions.reserve_events(row.id, 10) for _ in range(10)))
+        assert sorted(blocks) == list(range(1, 101, 10))
+    finally:
+        await db.close()
+
+
+async def test_allocate_for_unknown_session_is_not_found(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        with pytest.raises(NotFound):
+            async with db.tx() as s:
+                await allocate(s, "no-such-session", "event")
+    finally:
+        await db.close()
+
+
+async def test_data_survives_reopen_and_timestamps_are_utc(db_url: str) -> None:
+    db = await Database.open(db_url)
+    row = await Sessions(db).insert(Session(tenant_id="t", agent_name="a", status="active"))
+    await db.close()
+    db = await Database.open(db_url)
+    try:
+        again = await Sessions(db).get("t", row.id)
+        assert again.status == "active"
+        assert again.created_at.tzinfo is not None
+        assert abs((again.created_at - dt.datetime.now(dt.UTC)).total_seconds()) < 60
+        with pytest.raises(NotFound):
+            await Sessions(db).get("other-tenant", row.id)
+    finally:
+        await db.close()
+
+
+async def test_failed_transaction_leaves_nothing(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        row = await sessions.insert(Session(tenant_id="t", agent_name="a"))
+        with pytest.raises(RuntimeError):
+            async with db.tx() as s:
+                await allocate(s, row.id, "message")
+                s.add(Message(session_id=row.id, tenant_id="t", role="user", content="{}", sequence=1))
+                await s.flush()
+                raise RuntimeError("boom")
+        async with db.read() as s:
+            assert (await s.execute(select(func.count()).select_from(Message))).scalar_one() == 0
+        assert await sessions.add_user_message(row.id, "t", "x") == 1  # the counter rolled back too
+    finally:
+        await db.close()
+
+
+async def test_orphaned_sessions_paused_in_bulk(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        a = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        b = await sessions.insert(Session(tenant_id="t", agent_name="a", status="starting"))
+        c = await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended"))
+        assert sorted(await sessions.pause_orphans()) == sorted([a.id, b.id])
+        assert (await sessions.get("t", a.id)).status == "paused"
+        assert (await sessions.get("t", c.id)).status == "ended"
+        events = await sessions.events("t", a.id, 0, 10, "lifecycle")
+        assert '"reason": "restart"' in events[-1]["data"]
+    finally:
+        await db.close()
