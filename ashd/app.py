@@ -64,8 +64,8 @@ class Server:
         self.app = build_app(services)
         self.app.on_shutdown.append(self._on_shutdown)
         log.info("ashd components started", extra={
-            "version": __version__, "mode": settings.mode, "database": Database.describe(settings.effective_database_url),
-            "dataDir": str(data),
+            "version": __version__, "mode": settings.mode,
+            "database": Database.describe(settings.effective_database_url), "dataDir": str(data),
         })
         return services
 

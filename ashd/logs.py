@@ -20,7 +20,9 @@ from typing import Any, TextIO
 
 # Anything that looks like a bearer token or an API key is masked before it is written, so that a
 # careless f-string can never leak a secret into the log stream.
-_SECRET_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{6})[A-Za-z0-9_\-]+|(Bearer\s+)[^\s\"']+|(ashd_[A-Za-z0-9]{4})[A-Za-z0-9_\-]+")
+_SECRET_RE = re.compile(
+    r"(sk-[A-Za-z0-9_\-]{6})[A-Za-z0-9_\-]+|(Bearer\s+)[^\s\"']+|(ashd_[A-Za-z0-9]{4})[A-Za-z0-9_\-]+"
+)
 _STD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 _lock = threading.Lock()
 

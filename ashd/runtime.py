@@ -17,7 +17,6 @@ from typing import Any
 import pykka
 
 from ashd.actors._aio import call
-
 from ashd.actors._board import StatsBoard
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import SandboxLost
@@ -73,7 +72,11 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     snap_ref = SnapshotActor.start(settings.data_path / "snapshots", remote)
     snapshots = snapshot_proxy(snap_ref)
     services.snapshots = snapshots
-    stops.append(("snapshot actor", lambda: asyncio.to_thread(lambda: snap_ref.stop(block=True, timeout=settings.actor_timeout_seconds))))
+
+    async def stop_snapshots() -> None:
+        await asyncio.to_thread(lambda: snap_ref.stop(block=True, timeout=settings.actor_timeout_seconds))
+
+    stops.append(("snapshot actor", stop_snapshots))
 
     model_proxy = ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
                              default_key=lambda: settings.anthropic_api_key)

@@ -17,7 +17,6 @@ from ashd.config import Settings
 from tests.fixtures.databases import fresh_postgres
 
 
-
 @pytest.fixture(params=["sqlite", "postgres"])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     if request.param == "sqlite":

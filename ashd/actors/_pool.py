@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
+import pykka
 
 from ashd.actors._aio import AioActor
 from ashd.actors._board import StatsBoard
@@ -31,8 +32,13 @@ _EVICTION_ORDER = (PoolState.COLD, PoolState.WARM, PoolState.WAITING)
 _LIVE = (PoolState.WARMING, PoolState.WARM, PoolState.WAITING, PoolState.RUNNING)
 
 
-def default_capacity(memory_limit_bytes: int) -> int:
-    return max(1, min(1000, psutil.virtual_memory().total // max(1, memory_limit_bytes)))
+MAX_DEFAULT_CAPACITY = 1000
+
+
+def default_capacity(memory_limit_bytes: int, host_memory_bytes: int | None = None) -> int:
+    """`SERVICE_MAX_SANDBOXES` when unset: host memory / per-sandbox memory limit, 1 to 1000."""
+    total = psutil.virtual_memory().total if host_memory_bytes is None else host_memory_bytes
+    return max(1, min(MAX_DEFAULT_CAPACITY, total // max(1, memory_limit_bytes)))
 
 
 @dataclass
@@ -46,6 +52,13 @@ class _Entry:
     session_id: str | None = None
     network: bool = False
     ready: bool = False
+    # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
+    # being configured (agent files, setup.sh) is neither idle nor evictable.
+    configured: bool = False
+
+    @property
+    def generic(self) -> bool:
+        return self.session_id is None and self.state in (PoolState.WARMING, PoolState.WARM)
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,15 @@ class PoolConfig:
     idle_timeout: float
     ready_timeout: float = 60.0
     shutdown_grace: float = 2.0
-    sweep_interval: float = 5.0
+    # None: a quarter of the idle timeout, between 50 ms and 5 s, so a short idle timeout (tests,
+    # small hosts) is honoured closely and a dead sandbox is noticed within seconds.
+    sweep_interval: float | None = None
+
+    @property
+    def effective_sweep_interval(self) -> float:
+        if self.sweep_interval is not None:
+            return self.sweep_interval
+        return max(0.05, min(5.0, self.idle_timeout / 4))
 
 
 class PoolActor(AioActor):
@@ -82,18 +103,20 @@ class PoolActor(AioActor):
 
     # --- lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
-        self._publish()
         self._refill()
+        self._publish()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="pool-sweeper", daemon=True)
         self._sweeper.start()
 
     def on_stop(self) -> None:
         self._stopping.set()
-        for entry in list(self._entries.values()):
-            self._destroy_now(entry)
+        entries = list(self._entries.values())
         self._entries.clear()
-        self._workers.shutdown(wait=True, cancel_futures=True)
         self._publish()
+        # In parallel: each shutdown ladder may wait its grace period. Queued destroys still run.
+        for entry in entries:
+            self._workers.submit(self._destroy_now, entry)
+        self._workers.shutdown(wait=True)
 
     # --- queries -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -112,28 +135,52 @@ class PoolActor(AioActor):
 
     # --- claims and transitions ---------------------------------------------------------------
     def claim(self, tenant: str, session_id: str, network: bool = False) -> SandboxHandle:
-        """A sandbox for this session: a pre-warmed one when possible, else a fresh one."""
+        """A sandbox for this session: a pre-warmed one when possible, else a fresh one.
+
+        Pre-warmed sandboxes have no network, so a session that needs network always gets a fresh
+        one. A generic sandbox still warming is taken over rather than launching another: the
+        session's connect waits for its bridge, which is never slower than a new launch.
+        """
         if not network:
             warm = self._oldest(PoolState.WARM)
             if warm is not None:
                 self._assign(warm, tenant, session_id, PoolState.WAITING)
                 self._counters["preWarmHits"] += 1
-                self._refill()
                 self._publish()
-                return SandboxHandle(warm.sandbox_id, self._launcher.paths_for(warm.sandbox_id), prewarmed=True)
+                self._refill_later()  # after the reply: the claim never waits for a launch
+                return self._handle(warm, prewarmed=True)
+            starting = self._oldest_generic_warming()
+            if starting is not None:
+                self._assign(starting, tenant, session_id, PoolState.WARMING)
+                self._publish()
+                self._refill_later()
+                return self._handle(starting, prewarmed=False)
         self._make_room()
         entry = self._launch(network)
         self._assign(entry, tenant, session_id, PoolState.WARMING)
         self._publish()
-        return SandboxHandle(entry.sandbox_id, self._launcher.paths_for(entry.sandbox_id), prewarmed=False)
+        return self._handle(entry, prewarmed=False)
+
+    def _handle(self, entry: _Entry, prewarmed: bool) -> SandboxHandle:
+        paths = self._launcher.paths_for(entry.sandbox_id)
+        return SandboxHandle(entry.sandbox_id, paths, prewarmed=prewarmed)
 
     def mark_ready(self, sandbox_id: str) -> None:
-        """The session connected to a freshly launched bridge: warming → waiting."""
+        """The session has connected to and configured its sandbox: warming → waiting.
+
+        For a pre-warmed claim (already waiting) this ends the configuration window, from which
+        on the sandbox can be idle-swept or evicted.
+        """
         entry = self._entries.get(sandbox_id)
-        if entry is not None and entry.state is PoolState.WARMING:
+        if entry is None:
+            return
+        entry.last_active = time.monotonic()
+        if entry.session_id is not None:
+            entry.configured = True
+        if entry.state is PoolState.WARMING:
             entry.ready = True
             entry.state = PoolState.WAITING if entry.session_id else PoolState.WARM
-            self._publish()
+        self._publish()
 
     def mark_running(self, sandbox_id: str) -> bool:
         entry = self._entries.get(sandbox_id)
@@ -171,6 +218,7 @@ class PoolActor(AioActor):
         else:
             self._workers.submit(self._destroy_now, entry)
         self._refill()
+        self._publish()
 
     # --- internal messages (told by worker threads) -------------------------------------------
     def _became_ready(self, sandbox_id: str, ok: bool) -> None:
@@ -178,9 +226,14 @@ class PoolActor(AioActor):
         if entry is None:
             return
         if not ok:
-            log.warning("pre-warmed sandbox did not become ready; destroying it", extra={"sandboxId": sandbox_id})
+            log.warning("pre-warmed sandbox did not become ready; destroying it",
+                        extra={"sandboxId": sandbox_id})
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
+            if entry.session_id:
+                self._on_lost(SandboxLost(entry.session_id, sandbox_id, LossReason.EXITED,
+                                          "the sandbox's bridge did not start"))
+            self._refill()
         elif entry.state is PoolState.WARMING and entry.session_id is None:
             entry.state = PoolState.WARM
             entry.ready = True
@@ -207,23 +260,35 @@ class PoolActor(AioActor):
                 if info is not None:
                     self._exited(entry.sandbox_id, info)
                     continue
-            if entry.state is PoolState.WAITING and now - entry.last_active >= self.config.idle_timeout:
-                log.warning("idle session sandbox stopped", extra={"sandboxId": entry.sandbox_id,
-                                                                    "sessionId": entry.session_id,
-                                                                    "idleSeconds": int(now - entry.last_active)})
+            # Only a configured, waiting sandbox can be idle: running means a turn (model calls,
+            # tool calls) is in progress however long it takes, and mark_waiting restarts the clock.
+            if (entry.state is PoolState.WAITING and entry.configured
+                    and now - entry.last_active >= self.config.idle_timeout):
+                log.warning("idle session sandbox stopped",
+                            extra={"sandboxId": entry.sandbox_id, "sessionId": entry.session_id,
+                                   "idleSeconds": int(now - entry.last_active)})
                 self._take_away(entry, LossReason.IDLE)
         self._publish()
 
     # --- helpers -----------------------------------------------------------------------------
     def _oldest(self, state: PoolState) -> _Entry | None:
         candidates = [e for e in self._entries.values() if e.state is state]
+        if state is PoolState.WAITING:
+            # Sessions still being configured are not candidates (see _Entry.configured).
+            candidates = [e for e in candidates if e.configured]
         return min(candidates, key=lambda e: e.last_active if state is PoolState.WAITING else e.created,
                    default=None)
+
+    def _oldest_generic_warming(self) -> _Entry | None:
+        candidates = [e for e in self._entries.values()
+                      if e.state is PoolState.WARMING and e.session_id is None and not e.network]
+        return min(candidates, key=lambda e: e.created, default=None)
 
     def _assign(self, entry: _Entry, tenant: str, session_id: str, state: PoolState) -> None:
         entry.tenant = tenant
         entry.session_id = session_id
         entry.state = state
+        entry.configured = False
         entry.last_active = time.monotonic()
 
     def _make_room(self) -> None:
@@ -231,6 +296,8 @@ class PoolActor(AioActor):
             return
         for state in _EVICTION_ORDER:
             victim = self._oldest(state)
+            if victim is None and state is PoolState.WARM:
+                victim = self._oldest_generic_warming()  # unassigned too: cheaper than a session
             if victim is None:
                 continue
             if state is PoolState.WAITING:
@@ -241,20 +308,28 @@ class PoolActor(AioActor):
             log.info("evicted a %s sandbox for capacity", state.value, extra={"sandboxId": victim.sandbox_id})
             return
         raise CapacityError(
-            f"Sandbox capacity reached ({self.config.max_capacity} sandboxes, all running); try again later"
+            f"Sandbox capacity reached ({self.config.max_capacity} sandboxes, all busy with running turns "
+            "or starting sessions); try again later, or raise SERVICE_MAX_SANDBOXES"
         )
 
     def _take_away(self, entry: _Entry, reason: LossReason) -> None:
-        """Snapshot a waiting session's workspace, destroy its sandbox and tell the session side."""
+        """Snapshot a waiting session's workspace, destroy its sandbox and tell the session side.
+
+        The snapshot is taken here, in the actor, on purpose: a session that notices the loss
+        (mark_running answers False) restores from the snapshot, so the snapshot must be complete
+        before this actor answers anything else. The slow part, the shutdown ladder, is a worker's.
+        """
         self._entries.pop(entry.sandbox_id, None)
         if entry.session_id and self._snapshot is not None:
             try:
                 self._snapshot(entry.session_id, self._launcher.paths_for(entry.sandbox_id).workspace)
             except Exception:
-                log.exception("snapshot before %s failed", reason.value, extra={"sandboxId": entry.sandbox_id})
-        self._destroy_now(entry)
+                log.exception("snapshot before %s failed", reason.value,
+                              extra={"sandboxId": entry.sandbox_id})
+        self._workers.submit(self._destroy_now, entry)
         if entry.session_id:
-            detail = "evicted to make room for another session" if reason is LossReason.EVICTED else "idle timeout"
+            detail = ("evicted to make room for another session" if reason is LossReason.EVICTED
+                      else "idle timeout")
             self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
 
     def _launch(self, network: bool) -> _Entry:
@@ -273,11 +348,18 @@ class PoolActor(AioActor):
         entry.state = PoolState.WARMING
         return entry
 
+    def _refill_later(self) -> None:
+        if not self._stopping.is_set():
+            self.actor_ref.tell(_Call("_refill_now", ()))
+
+    def _refill_now(self) -> None:
+        self._refill()
+        self._publish()
+
     def _refill(self) -> None:
         if self._stopping.is_set():
             return
-        warming_generic = sum(1 for e in self._entries.values()
-                              if e.session_id is None and e.state in (PoolState.WARMING, PoolState.WARM))
+        warming_generic = sum(1 for e in self._entries.values() if e.generic)
         while warming_generic < self.config.prewarm and len(self._entries) < self.config.max_capacity:
             try:
                 entry = self._launch(network=False)
@@ -288,7 +370,8 @@ class PoolActor(AioActor):
 
     def _await_ready(self, sandbox_id: str, proc: Any) -> None:
         paths = self._launcher.paths_for(sandbox_id)
-        ok = wait_bridge_ready(paths.bridge_socket, self.config.ready_timeout, alive=lambda: proc.poll() is None)
+        ok = wait_bridge_ready(paths.bridge_socket, self.config.ready_timeout,
+                               alive=lambda: proc.poll() is None and not self._stopping.is_set())
         if not self._stopping.is_set():
             self.actor_ref.tell(_Call("_became_ready", (sandbox_id, ok)))
 
@@ -303,10 +386,10 @@ class PoolActor(AioActor):
             log.exception("sandbox destroy failed", extra={"sandboxId": entry.sandbox_id})
 
     def _sweep_loop(self) -> None:
-        while not self._stopping.wait(self.config.sweep_interval):
+        while not self._stopping.wait(self.config.effective_sweep_interval):
             try:
                 self.actor_ref.tell(_Call("sweep", ()))
-            except Exception:  # the actor is stopping
+            except pykka.ActorDeadError:  # the actor is stopping
                 return
 
     def _publish(self) -> None:

@@ -26,15 +26,23 @@ class SessionRegistry:
     def __init__(self, deps: SessionDeps) -> None:
         self.deps = deps
         self._actors: dict[str, ActorRef[SessionActor]] = {}
+        self._tenants: dict[str, str] = {}  # session id -> owning tenant, checked on every lookup
         self._lock = asyncio.Lock()
 
     @property
     def timeout(self) -> float:
         return self.deps.ask_timeout
 
-    async def _actor(self, tenant: str, session_id: str) -> Any:
+    def _live(self, tenant: str, session_id: str) -> ActorRef[SessionActor] | None:
+        """The session's running actor, only for its own tenant (another tenant's is not found)."""
         ref = self._actors.get(session_id)
-        if ref is None or not ref.is_alive():
+        if ref is None or not ref.is_alive() or self._tenants.get(session_id) != tenant:
+            return None
+        return ref
+
+    async def _actor(self, tenant: str, session_id: str) -> Any:
+        ref = self._live(tenant, session_id)
+        if ref is None:
             # The row must exist and belong to the tenant before an actor is started for it.
             await self.deps.sessions.get(tenant, session_id)
             async with self._lock:
@@ -42,6 +50,7 @@ class SessionRegistry:
                 if ref is None or not ref.is_alive():
                     ref = SessionActor.start(self.deps, session_id, tenant)
                     self._actors[session_id] = ref
+                    self._tenants[session_id] = tenant
         return ref.proxy()
 
     async def create(self, req: CreateRequest, *, encrypted_env: bytes | None) -> dict[str, Any]:
@@ -54,8 +63,8 @@ class SessionRegistry:
         return await call(proxy.create(req), self.timeout + 2 * self.deps.setup_timeout + 10)
 
     async def view(self, tenant: str, session_id: str) -> dict[str, Any]:
-        ref = self._actors.get(session_id)
-        if ref is not None and ref.is_alive():
+        ref = self._live(tenant, session_id)
+        if ref is not None:
             view: dict[str, Any] = await call(ref.proxy().view(), self.timeout)
             if view["tenantId"] == tenant:
                 return view
@@ -77,6 +86,7 @@ class SessionRegistry:
         proxy = await self._actor(tenant, session_id)
         view: dict[str, Any] = await call(proxy.delete(), self.timeout * 2)
         ref = self._actors.pop(session_id, None)
+        self._tenants.pop(session_id, None)
         if ref is not None:
             ref.stop(block=False)
         return view
@@ -94,15 +104,15 @@ class SessionRegistry:
             ref.proxy().end_turn(ticket.query_id)
 
     async def running_turn(self, tenant: str, session_id: str) -> str | None:
-        ref = self._actors.get(session_id)
-        if ref is None or not ref.is_alive():
+        ref = self._live(tenant, session_id)
+        if ref is None:
             return None
         return await call(ref.proxy().running_turn(), self.timeout)
 
     async def workspace(self, tenant: str, session_id: str) -> Any:
         await self.deps.sessions.get(tenant, session_id)
-        ref = self._actors.get(session_id)
-        if ref is None or not ref.is_alive():
+        ref = self._live(tenant, session_id)
+        if ref is None:
             return None
         return await call(ref.proxy().workspace(), self.timeout)
 
@@ -122,6 +132,7 @@ class SessionRegistry:
     async def stop_all(self) -> None:
         refs = list(self._actors.values())
         self._actors.clear()
+        self._tenants.clear()
         for ref in refs:
             if ref.is_alive():
                 ref.stop(block=False)

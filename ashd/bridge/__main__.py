@@ -16,9 +16,7 @@ import sys
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ashd.bridge", description="ashd in-sandbox bridge")
     parser.add_argument("--socket", default="/run/ashd/bridge.sock", help="Unix socket to listen on")
-    parser.add_argument(
-        "--model-socket", default="/run/ashd/model.sock", help="the server's model proxy socket"
-    )
+    parser.add_argument("--model-socket", default="/run/ashd/model.sock", help="the server's model proxy socket")
     parser.add_argument("--workspace", default="/workspace", help="the agent's working directory")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)

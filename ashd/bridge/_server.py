@@ -178,10 +178,7 @@ class Connection:
             await self.send(
                 p.make(
                     p.ERROR,
-                    error=(
-                        f"protocol: unsupported version {offered}; "
-                        f"this bridge speaks {list(p.SUPPORTED_VERSIONS)}"
-                    ),
+                    error=(f"protocol: unsupported version {offered}; this bridge speaks {list(p.SUPPORTED_VERSIONS)}"),
                 )
             )
             return
@@ -201,9 +198,7 @@ class Connection:
         try:
             cfg = EngineConfig.from_init(config, server.workspace, server.model_socket)
             if config.get("runSetup"):
-                await run_setup(
-                    server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.log_event
-                )
+                await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.log_event)
             engine = Engine(cfg, server.log_event)
             await engine.start()
         except SetupFailed as exc:
@@ -254,9 +249,7 @@ class Connection:
             return  # the connection is gone; nobody to tell
         except Exception as exc:
             log.exception("query failed")
-            await self.send_quiet(
-                p.make(p.ERROR, id=fid, error=f"bridge failure: {type(exc).__name__}: {exc}")
-            )
+            await self.send_quiet(p.make(p.ERROR, id=fid, error=f"bridge failure: {type(exc).__name__}: {exc}"))
         finally:
             self.queries.pop(fid, None)
         await self.send_quiet(p.make(p.DONE, id=fid))

@@ -66,9 +66,7 @@ def _answer_dangling(out: list[dict[str, Any]], next_user: list[dict[str, Any]])
     if not out or out[-1]["role"] != "assistant":
         return
     answered = {b.get("tool_use_id") for b in next_user if b.get("type") == "tool_result"}
-    missing = [
-        b["id"] for b in out[-1]["content"] if b.get("type") == "tool_use" and b.get("id") not in answered
-    ]
+    missing = [b["id"] for b in out[-1]["content"] if b.get("type") == "tool_use" and b.get("id") not in answered]
     if missing:
         results = [
             {

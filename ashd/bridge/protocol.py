@@ -95,6 +95,7 @@ class FrameReader:
         self._buf = bytearray()
         self._max = max_frame
         self._discarding = False
+        self._recv: asyncio.Future[bytes] | None = None
         self.eof = False
 
     async def read(self) -> Frame | None:
@@ -119,7 +120,12 @@ class FrameReader:
                 self._buf.clear()
             if self.eof:
                 return None
-            chunk = await loop.sock_recv(self._sock, _RECV_CHUNK)
+            # The recv outlives a cancelled caller (shield): bytes it took off the socket are
+            # picked up by the next read instead of being lost with the cancelled one.
+            if self._recv is None:
+                self._recv = asyncio.ensure_future(loop.sock_recv(self._sock, _RECV_CHUNK))
+            chunk = await asyncio.shield(self._recv)
+            self._recv = None
             if not chunk:
                 self.eof = True
                 if self._buf.strip() and not self._discarding:

@@ -71,9 +71,7 @@ class ScriptBook:
                 return {"content": [{"type": "text", "text": f"echo: {text}"}]}
             script = max(hits, key=lambda s: len(s.match))
             if turn_index >= len(script.turns):
-                return {
-                    "content": [{"type": "text", "text": f"(script {script.match} has no turn {turn_index})"}]
-                }
+                return {"content": [{"type": "text", "text": f"(script {script.match} has no turn {turn_index})"}]}
             turn = script.turns[turn_index]
             attempt = script.attempts.get(turn_index, 0)
             script.attempts[turn_index] = attempt + 1

@@ -92,8 +92,7 @@ class FakeModel:
             body = await request.json()
         except ValueError:
             return web.json_response(error_body(400, "request body is not JSON"), status=400)
-        with self._lock:
-            self._requests.append({"path": request.path_qs, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body})
+        self._record(request, body)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return web.json_response(error_body(400, "messages: field required"), status=400)
         turn = self.scripts.pick(body)
@@ -104,9 +103,7 @@ class FakeModel:
             if err.get("retryAfter") is not None:
                 headers["retry-after"] = str(err["retryAfter"])
             message = str(err.get("message") or f"fake error {status}")
-            return web.json_response(
-                error_body(status, message, err.get("type")), status=status, headers=headers
-            )
+            return web.json_response(error_body(status, message, err.get("type")), status=status, headers=headers)
         model = str(body.get("model") or DEFAULT_MODEL)
         tokens = estimate_input_tokens(body)
         if not body.get("stream"):
@@ -121,10 +118,14 @@ class FakeModel:
         await resp.write_eof()
         return resp
 
+    def _record(self, request: web.Request, body: Any) -> None:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        with self._lock:
+            self._requests.append({"path": request.path_qs, "headers": headers, "body": body})
+
     async def _count_tokens(self, request: web.Request) -> web.Response:
         body = await request.json()
-        with self._lock:
-            self._requests.append({"path": request.path_qs, "headers": {k.lower(): v for k, v in request.headers.items()}, "body": body})
+        self._record(request, body)
         return web.json_response({"input_tokens": estimate_input_tokens(body)})
 
     async def _post_script(self, request: web.Request) -> web.Response:

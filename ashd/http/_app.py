@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+
 from aiohttp import web
 
-from ashd.http import _health
 from ashd.http._auth import auth_middleware
 from ashd.http._errors import error_middleware
 from ashd.http._keys import SERVICES
@@ -26,20 +27,11 @@ ROUTE_MODULES: list[str] = [
 
 
 def build_app(services: Services) -> web.Application:
-    import importlib
-
     app = web.Application(
         middlewares=[error_middleware, auth_middleware],
         client_max_size=services.settings.max_body_bytes,
     )
     app[SERVICES] = services
     for name in ROUTE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # a route module not written yet
-                continue
-            raise
-        app.add_routes(module.routes)
-    assert _health.routes
+        app.add_routes(importlib.import_module(name).routes)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ashd.http._openapi_common import body, op, path_param, query, reply, wrapped
-from ashd.http._openapi_schemas import BOOL, INT, STR, ref
+from ashd.http._openapi_schemas import BOOL, INT, STR, UUID, obj, ref
 
 SID = path_param("id", "session id", fmt="uuid")
 SESSION = wrapped("session", ref("Session"))
@@ -50,9 +50,13 @@ PATHS: dict[str, dict[str, Any]] = {
     "/api/sessions/{id}/stop": _action(
         "stopSession", "Stop a session: persist the workspace, destroy the sandbox", (400, 404),
         "From `active` or `starting`; a stopped session can be resumed (cold) or ended."),
-    "/api/sessions/{id}/interrupt": _action(
-        "interruptSession", "Abort the running turn", (404, 409),
-        "The stream ends with `error {error: \"interrupted\"}` then `done`; 409 when no turn is running."),
+    "/api/sessions/{id}/interrupt": {
+        "post": op("interruptSession", "Abort the running turn", "sessions",
+                   {200: reply("Interrupted", obj({"ok": BOOL, "sessionId": UUID}, ("ok", "sessionId")))},
+                   errors=(404, 409), params=[SID],
+                   description="The stream ends with `error {error: \"interrupted\"}` then `done`; "
+                               "409 when no turn is running."),
+    },
     "/api/sessions/{id}/messages": {
         "post": op("sendMessage", "Send a message; the reply streams as SSE", "sessions", {200: SSE},
                    errors=(400, 404, 409, 503), params=[SID], request=body(ref("SendMessageRequest")),

@@ -21,14 +21,15 @@ _SNDBUF = 16 * 1024
 
 
 class SseSink:
-    def __init__(self, response: EventSourceResponse, read_timeout: float = CLIENT_READ_TIMEOUT) -> None:
+    def __init__(self, response: EventSourceResponse, read_timeout: float | None = None) -> None:
         self.response = response
-        self.read_timeout = read_timeout
+        # Read at call time, not at import: tests shorten the module constant.
+        self.read_timeout = CLIENT_READ_TIMEOUT if read_timeout is None else read_timeout
         self.alive = True
         self.reason: str | None = None
 
     @classmethod
-    async def open(cls, request: web.Request, read_timeout: float = CLIENT_READ_TIMEOUT) -> SseSink:
+    async def open(cls, request: web.Request, read_timeout: float | None = None) -> SseSink:
         response = EventSourceResponse(send_timeout=None, ping_interval=15, allow_all_methods=True)
         response.headers["Cache-Control"] = "no-cache"
         await response.prepare(request)
@@ -48,7 +49,7 @@ class SseSink:
         try:
             async with asyncio.timeout(self.read_timeout):
                 await self.response.send(data, id=None if event_id is None else str(event_id), event=event)
-                writer = self.response._payload_writer  # noqa: SLF001 - public drain() is deprecated
+                writer = self.response._payload_writer
                 if writer is not None:
                     await writer.drain()
         except TimeoutError:
@@ -62,7 +63,7 @@ class SseSink:
         self.reason = reason
         log.warning("stream client dropped: %s", reason)
         if reason == "client read timeout":
-            transport = self.response._req.transport if self.response._req else None  # noqa: SLF001
+            transport = self.response._req.transport if self.response._req else None
             # Best effort: the buffers are full, so the error frame may never arrive; then abort.
             if transport is not None and not transport.is_closing():
                 with contextlib.suppress(Exception):

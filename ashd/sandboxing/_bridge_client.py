@@ -78,9 +78,7 @@ class BridgeConnection:
         sock = await wait_ready(socket_path, timeout)
         conn = cls(sock, on_log)
         try:
-            await conn._send(
-                p.make(p.HELLO, protocol=p.PROTOCOL_VERSION, protocols=list(p.SUPPORTED_VERSIONS))
-            )
+            await conn._send(p.make(p.HELLO, protocol=p.PROTOCOL_VERSION, protocols=list(p.SUPPORTED_VERSIONS)))
             async with asyncio.timeout(timeout):
                 frame = await conn._next_frame()
             if frame.get("type") != p.READY:
@@ -200,9 +198,7 @@ class BridgeConnection:
 
     async def exec(self, argv: list[str], timeout: float = 60.0) -> p.Frame:
         """Run a program in the workspace: {exitCode, stdout, stderr[, timedOut]}."""
-        return await self._request(
-            p.make(p.EXEC, id=_new_id("exec"), argv=argv, timeout=timeout), timeout + 10
-        )
+        return await self._request(p.make(p.EXEC, id=_new_id("exec"), argv=argv, timeout=timeout), timeout + 10)
 
     async def ping(self, timeout: float = 10.0) -> None:
         await self._request(p.make(p.PING, id=_new_id("ping")), timeout)

@@ -42,9 +42,7 @@ _DROP_REQUEST = frozenset(
         "proxy-connection",
     }
 )
-_DROP_RESPONSE = frozenset(
-    {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
-)
+_DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"})
 
 
 @dataclass
@@ -60,9 +58,7 @@ def _error(status: int, kind: str, message: str) -> web.Response:
 
 
 class ModelProxy:
-    def __init__(
-        self, base_url: str, *, default_key: KeyProvider | None = None, timeout_s: float = 600.0
-    ) -> None:
+    def __init__(self, base_url: str, *, default_key: KeyProvider | None = None, timeout_s: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._default_key = default_key
         self._timeout = timeout_s
@@ -150,8 +146,7 @@ class ModelProxy:
             return _error(
                 401,
                 "authentication_error",
-                "no API key for this session: set ANTHROPIC_API_KEY on the server "
-                "or give the session a credential",
+                "no API key for this session: set ANTHROPIC_API_KEY on the server or give the session a credential",
             )
         body = await request.read()
         stats.bytes_in += len(body)
@@ -163,9 +158,7 @@ class ModelProxy:
         except (TimeoutError, aiohttp.ClientError) as exc:
             stats.errors += 1
             log.warning("model proxy: upstream %s unreachable: %s", self.base_url, exc)
-            return _error(
-                502, "api_error", f"model proxy could not reach the model API: {type(exc).__name__}"
-            )
+            return _error(502, "api_error", f"model proxy could not reach the model API: {type(exc).__name__}")
         async with upstream:
             resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for name, value in upstream.headers.items():
@@ -176,6 +169,10 @@ class ModelProxy:
                 async for chunk in upstream.content.iter_any():
                     stats.bytes_out += len(chunk)
                     await resp.write(chunk)
+            except ConnectionResetError:
+                # The sandbox hung up (an interrupted query): stop reading upstream. Caught before
+                # ClientError, since aiohttp's reset error is both.
+                return resp
             except (TimeoutError, aiohttp.ClientError) as exc:
                 stats.errors += 1
                 log.warning("model proxy: upstream stream broke: %s", exc)

@@ -299,18 +299,14 @@ class Agents:
             return self._to_record(row)
 
     async def delete(self, tenant: str, name: str) -> None:
-        """Remove the registration; sessions stay. A managed folder is removed too (sessions have
-        their own copy in their workspace)."""
+        """Remove the registration; sessions stay (they have their own copy in their workspace).
+        Server-managed folders of the agent (every version) are removed too; a client's own
+        `path` folder never is."""
         async with self._db.tx() as s:
-            row = (await s.execute(
-                select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
-            )).scalar_one_or_none()
-            if row is None:
+            result = await s.execute(delete(Agent).where(Agent.tenant_id == tenant, Agent.name == name))
+            if result.rowcount == 0:  # type: ignore[attr-defined]
                 raise NotFound(f"Agent {name} not found")
-            managed = row.managed
-            await s.execute(delete(Agent).where(Agent.id == row.id))
-        if managed:
-            await asyncio.to_thread(shutil.rmtree, self._root / tenant_dir_name(tenant) / name, True)
+        await asyncio.to_thread(shutil.rmtree, self._root / tenant_dir_name(tenant) / name, True)
 
     # --- internals ---
 

@@ -190,7 +190,7 @@ class Sessions:
             )).all()
         return [FrameRow(r[0], r[1], r[2]) for r in rows]
 
-    async def pause_orphans(self, runner_id: str | None = None) -> list[str]:
+    async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart") -> list[str]:
         """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk."""
         async with self.db.tx() as s:
             query = select(Session.id, Session.tenant_id).where(Session.status.in_(("active", "starting")))
@@ -205,6 +205,6 @@ class Sessions:
             for sid, tenant in rows:
                 seq = await allocate(s, sid, "event")
                 s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="lifecycle",
-                                   data=json.dumps({"action": "paused", "status": "paused", "reason": "restart"}),
+                                   data=json.dumps({"action": "paused", "status": "paused", "reason": reason}),
                                    sequence=seq, created_at=now))
         return ids

@@ -304,3 +304,31 @@ async def test_json_read_size_limit(api: Api, tmp_path: Path) -> None:
     resp = await api.client.get("/api/agents/big/files/big.txt?format=raw", headers=api.headers())
     assert resp.status == 200
     assert len(await resp.read()) == 1024 * 1024 + 1
+
+
+async def test_concurrent_managed_deploys_each_get_their_folder(api: Api) -> None:
+    results = await asyncio.gather(*[
+        api.call("POST", "/api/agents", json={"name": "mc", "systemPrompt": f"prompt {i}"}) for i in range(4)
+    ])
+    assert all(status == 201 for status, _ in results), results
+    by_version = {body["agent"]["version"]: Path(body["agent"]["path"]) for _, body in results}
+    assert sorted(by_version) == [1, 2, 3, 4]
+    assert by_version[4].name == "v4"
+    assert (by_version[4] / "AGENT.md").read_text().startswith("prompt ")
+    base = by_version[4].parent
+    assert not [p for p in base.iterdir() if p.name.startswith(".staging")]
+
+
+async def test_delete_after_switching_from_managed_to_path_removes_managed_folders(
+    api: Api, tmp_path: Path,
+) -> None:
+    _, body = await api.call("POST", "/api/agents", json={"name": "sw", "systemPrompt": "managed"})
+    managed = Path(body["agent"]["path"])
+    folder = make_agent_dir(tmp_path / "sw")
+    status, body = await api.call("POST", "/api/agents", json={"name": "sw", "path": str(folder)})
+    assert status == 201
+    assert body["agent"]["version"] == 2
+    status, _ = await api.call("DELETE", "/api/agents/sw")
+    assert status == 200
+    assert not managed.parent.exists()
+    assert (folder / "AGENT.md").exists()

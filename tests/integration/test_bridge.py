@@ -104,12 +104,7 @@ async def test_interrupt_during_a_tool_call(bridge: BridgeHarness, fake_model: F
     again = await collect(conn, "after interrupt")
     assert messages_of(again)[-1]["subtype"] == "success"
     last_request = fake_model.requests_containing("after interrupt")[-1]["body"]["messages"]
-    results = [
-        b
-        for m in last_request
-        for b in m["content"]
-        if isinstance(b, dict) and b.get("type") == "tool_result"
-    ]
+    results = [b for m in last_request for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
     assert results[0]["is_error"] is True
 
 
@@ -215,3 +210,22 @@ async def test_failing_setup_answers_error(bridge: BridgeHarness) -> None:
         await conn.init({"runSetup": True})
     assert "setup.sh failed (exit 3)" in str(info.value)
     assert "broken" in str(info.value)
+
+
+async def test_a_paused_reader_pauses_the_engine(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    turns = 12
+    big = "x" * 100_000
+    glob = {"type": "tool_use", "name": "Glob", "input": {"pattern": "none"}}
+    script = [{"content": [{"type": "text", "text": big}, glob], "chunk": 10_000}]
+    fake_model.script("BP-1", script * turns + [{"content": [{"type": "text", "text": "end"}]}])
+    conn = await bridge.init({})
+    frames = conn.query("BP-1 go")
+    first = await frames.__anext__()
+    assert first["type"] == "message"
+    # While the consumer holds back, the bridge can only get a few frames ahead (kernel buffers):
+    # the pong queued behind them arrives before the engine could race through all the turns.
+    await conn.ping()
+    assert len(fake_model.requests_containing("BP-1")) <= 4
+    rest = [frame async for frame in frames]
+    assert rest[-1]["type"] == "done"
+    assert messages_of(rest)[-1]["num_turns"] == turns + 1

@@ -84,9 +84,7 @@ async def test_file_tools_and_bash_change_the_workspace(bridge: BridgeHarness, f
 async def test_mcp_stdio_server_tool_is_called(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     mcp = {"mcpServers": {"echo": {"command": sys.executable, "args": [str(MCP_SERVER)]}}}
     (bridge.workspace / ".mcp.json").write_text(json.dumps(mcp))
-    fake_model.script(
-        "MCP-1", [{"content": [tool("mcp__echo__echo", text="ping")]}, {"content": [text("mcp ok")]}]
-    )
+    fake_model.script("MCP-1", [{"content": [tool("mcp__echo__echo", text="ping")]}, {"content": [text("mcp ok")]}])
     conn = await bridge.connect()
     init_ok = await conn.init({}, timeout=60)
     assert init_ok["mcpServers"] == [{"name": "echo", "status": "connected"}]
@@ -164,17 +162,11 @@ async def test_subagent_runs_via_task(bridge: BridgeHarness, fake_model: FakeMod
     fake_model.script(
         "MAIN-1",
         [
-            {
-                "content": [
-                    tool("Task", description="look", prompt="SUB-1 find it", subagent_type="researcher")
-                ]
-            },
+            {"content": [tool("Task", description="look", prompt="SUB-1 find it", subagent_type="researcher")]},
             {"content": [text("main done")]},
         ],
     )
-    fake_model.script(
-        "SUB-1", [{"content": [tool("Read", file_path="x.txt")]}, {"content": [text("sub answer")]}]
-    )
+    fake_model.script("SUB-1", [{"content": [tool("Read", file_path="x.txt")]}, {"content": [text("sub answer")]}])
     (bridge.workspace / "x.txt").write_text("content")
     subagents = {"researcher": {"description": "reads", "prompt": "You research.", "tools": ["Read"]}}
     conn = await bridge.init({"subagents": subagents})
@@ -194,9 +186,7 @@ async def test_subagent_runs_via_task(bridge: BridgeHarness, fake_model: FakeMod
 
 async def test_initial_agent_sets_main_prompt(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     (bridge.workspace / "AGENT.md").write_text("Default agent prompt.")
-    subagents = {
-        "writer": {"description": "writes", "prompt": "You write.", "tools": ["Write"], "model": "haiku"}
-    }
+    subagents = {"writer": {"description": "writes", "prompt": "You write.", "tools": ["Write"], "model": "haiku"}}
     conn = await bridge.init({"subagents": subagents, "initialAgent": "writer"})
     await collect(conn, "INIT-AGENT-1")
     body = fake_model.requests_containing("INIT-AGENT-1")[0]["body"]
@@ -248,9 +238,7 @@ async def test_bad_key_becomes_error_then_done(bridge: BridgeHarness, fake_model
     assert len(fake_model.requests_containing("AUTH-1")) == 1  # 401 is never retried
 
 
-async def test_persistent_overload_gives_up_with_a_clear_error(
-    bridge: BridgeHarness, fake_model: FakeModel
-) -> None:
+async def test_persistent_overload_gives_up_with_a_clear_error(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     errors = [{"status": 529, "message": "Overloaded", "retryAfter": 0}] * 10
     fake_model.script("OVER-1", [{"errors": errors, "content": [text("never")]}])
     conn = await bridge.init({})
@@ -267,7 +255,7 @@ async def test_missing_key_at_the_proxy(bridge: BridgeHarness) -> None:
 
 
 async def test_history_continues_a_conversation(bridge: BridgeHarness, fake_model: FakeModel) -> None:
-    stored = [
+    stored: list[dict[str, Any]] = [
         {"type": "user", "content": "HIST-1 first question"},
         {
             "type": "assistant",

@@ -80,9 +80,7 @@ async def test_no_key_is_an_anthropic_shaped_401(proxied: tuple[ModelProxy, http
     assert resp.json()["error"]["type"] == "authentication_error"
 
 
-async def test_async_key_provider(
-    proxied: tuple[ModelProxy, httpx2.AsyncClient], fake_model: FakeModel
-) -> None:
+async def test_async_key_provider(proxied: tuple[ModelProxy, httpx2.AsyncClient], fake_model: FakeModel) -> None:
     proxy, client = proxied
 
     async def provider() -> str:

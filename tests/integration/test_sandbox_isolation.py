@@ -163,7 +163,7 @@ def test_fork_bomb_is_contained_by_the_pids_limit(tmp_path: Path, route: str) ->
         from tests.fixtures.sandboxes import wait_for
 
         log_file = paths.logs / "sandbox.log"
-        wait_for(lambda: b"forked" in log_file.read_bytes(), 60, "the fork bomb to report")
+        wait_for(lambda: log_file.exists() and b"forked" in log_file.read_bytes(), 60, "the fork bomb to report")
         report = json.loads(log_file.read_text().strip().splitlines()[-1])
         proc.kill()
         proc.wait(30)

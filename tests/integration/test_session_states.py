@@ -201,10 +201,11 @@ async def test_error_rows(sapi: Api, fake_model: FakeModel) -> None:  # noqa: F8
     # a second concurrent turn: 409; interrupting the first ends it with error "interrupted", then done
     fake_model.script("slow-turn", [{"content": [{"type": "text", "text": "x" * 400}], "chunk": 1,
                                      "delay": 0.05}])
-    resp = await sapi.client.post(f"/api/sessions/{sid}/messages", json={"content": "slow-turn please"},
+    resp = await sapi.client.post(f"/api/sessions/{sid}/messages",
+                                  json={"content": "slow-turn please", "includePartialMessages": True},
                                   headers=sapi.headers())
     assert resp.status == 200
-    await resp.content.readline()  # the stream has started: the turn is running
+    assert (await resp.content.readline()).startswith(b"event: message")  # the turn is running
     status, body = await send(sapi, sid, "second")
     assert status == 409 and body[0] == {"error": "A turn is already running", "statusCode": 409}
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/pause")
@@ -216,6 +217,8 @@ async def test_error_rows(sapi: Api, fake_model: FakeModel) -> None:  # noqa: F8
     frames = parse_frames(await resp.text())
     assert [f.event for f in frames[-2:]] == ["error", "done"]
     assert frames[-2].data == {"error": "interrupted"}
+    # the interrupted user text is carried into the next request: let that one be quick
+    fake_model.script("slow-turn", [{"content": [{"type": "text", "text": "quick now"}]}])
     status, frames2 = await send(sapi, sid, "after interrupt")
     assert status == 200 and frames2[-1].event == "done"
 

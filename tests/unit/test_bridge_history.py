@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ashd.bridge.history import history_from_stored
 
 
-def _assistant(content: list[dict], msg_id: str = "msg_1", parent: str | None = None) -> dict:
+def _assistant(content: list[dict[str, Any]], msg_id: str = "msg_1", parent: str | None = None) -> dict[str, Any]:
     return {
         "type": "assistant",
         "message": {"id": msg_id, "role": "assistant", "content": content, "stop_reason": "end_turn"},

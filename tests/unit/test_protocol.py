@@ -52,6 +52,12 @@ def test_constants() -> None:
     assert {p.READY, p.INIT_OK, p.MESSAGE, p.ERROR, p.DONE, p.LOG, p.EXEC_RESULT, p.PONG} == p.EVENT_TYPES
 
 
+async def _n(reader: p.FrameReader) -> int:
+    frame = await reader.read()
+    assert frame is not None
+    return int(frame["n"])
+
+
 async def _pair() -> tuple[socket.socket, socket.socket]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     a.setblocking(False)
@@ -67,10 +73,10 @@ async def test_reader_splits_and_joins_chunks() -> None:
         two = p.encode({"type": "ping", "id": "1"}) + p.encode({"type": "ping", "id": "2"})
         third = p.encode({"type": "pong", "id": "3"})
         await loop.sock_sendall(a, two + third[:5])
-        assert (await reader.read())["id"] == "1"
-        assert (await reader.read())["id"] == "2"
+        assert (await reader.read()) == {"type": "ping", "id": "1"}
+        assert (await reader.read()) == {"type": "ping", "id": "2"}
         await loop.sock_sendall(a, third[5:] + b"\n")  # a blank line is skipped
-        assert (await reader.read())["id"] == "3"
+        assert (await reader.read()) == {"type": "pong", "id": "3"}
         a.close()
         assert await reader.read() is None
     finally:
@@ -100,10 +106,8 @@ async def test_writer_writes_whole_frames() -> None:
         writer = p.FrameWriter(a)
         reader = p.FrameReader(b)
         # Concurrent writers, a reader draining at the same time: frames never interleave.
-        writes = asyncio.gather(
-            *(writer.write({"type": "log", "n": i, "pad": "y" * 100_000}) for i in range(20))
-        )
-        seen = sorted([(await reader.read())["n"] for _ in range(20)])
+        writes = asyncio.gather(*(writer.write({"type": "log", "n": i, "pad": "y" * 100_000}) for i in range(20)))
+        seen = sorted([await _n(reader) for _ in range(20)])
         await writes
         assert seen == list(range(20))
     finally:

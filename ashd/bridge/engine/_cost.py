@@ -27,10 +27,5 @@ def estimate_cost(model: str, usage: dict[str, Any]) -> float:
     tokens_out = int(usage.get("output_tokens") or 0)
     cache_write = int(usage.get("cache_creation_input_tokens") or 0)
     cache_read = int(usage.get("cache_read_input_tokens") or 0)
-    total = (
-        tokens_in * price_in
-        + tokens_out * price_out
-        + cache_write * price_in * 1.25
-        + cache_read * price_in * 0.1
-    )
+    total = tokens_in * price_in + tokens_out * price_out + cache_write * price_in * 1.25 + cache_read * price_in * 0.1
     return round(total / 1_000_000, 8)

@@ -48,9 +48,7 @@ class McpTool:
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if self.server.session is None or self.server.status != "connected":
             return ToolResult(f"MCP server {self.server.name} is not connected", is_error=True)
-        result = await self.server.session.call_tool(
-            self.remote_name, args, read_timeout_seconds=CALL_TIMEOUT_S
-        )
+        result = await self.server.session.call_tool(self.remote_name, args, read_timeout_seconds=CALL_TIMEOUT_S)
         return ToolResult(_convert_content(result.content), is_error=bool(result.is_error))
 
 
@@ -62,9 +60,7 @@ def _convert_content(items: list[Any]) -> list[dict[str, Any]]:
             blocks.append({"type": "text", "text": cap(item.text)})
         elif kind == "image":
             data = item.data if isinstance(item.data, str) else base64.b64encode(item.data).decode()
-            blocks.append(
-                {"type": "image", "source": {"type": "base64", "media_type": item.mime_type, "data": data}}
-            )
+            blocks.append({"type": "image", "source": {"type": "base64", "media_type": item.mime_type, "data": data}})
         else:
             dump = item.model_dump(mode="json") if hasattr(item, "model_dump") else str(item)
             blocks.append({"type": "text", "text": cap(json.dumps(dump))})
@@ -138,9 +134,7 @@ class McpManager:
                 state.status = "stopped"
             ready.set()
 
-    async def _enter_transport(
-        self, stack: contextlib.AsyncExitStack, spec: dict[str, Any]
-    ) -> tuple[Any, Any]:
+    async def _enter_transport(self, stack: contextlib.AsyncExitStack, spec: dict[str, Any]) -> tuple[Any, Any]:
         if spec.get("command"):
             from mcp.client.stdio import StdioServerParameters, stdio_client
 

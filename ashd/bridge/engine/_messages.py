@@ -76,8 +76,7 @@ def close_dangling_tool_uses(messages: list[dict[str, Any]], reason: str) -> Non
             {
                 "role": "user",
                 "content": [
-                    {"type": "tool_result", "tool_use_id": i, "content": reason, "is_error": True}
-                    for i in ids
+                    {"type": "tool_result", "tool_use_id": i, "content": reason, "is_error": True} for i in ids
                 ],
             }
         )

@@ -35,9 +35,7 @@ def make_client(model_socket: str | None, base_url: str = "http://model-proxy") 
     transport = httpx2.AsyncHTTPTransport(uds=model_socket) if model_socket else None
     http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
     # The proxy replaces this key with the session's real credential.
-    return anthropic.AsyncAnthropic(
-        base_url=base_url, api_key="sandbox-no-key", http_client=http, max_retries=0
-    )
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key="sandbox-no-key", http_client=http, max_retries=0)
 
 
 @dataclass
@@ -49,9 +47,18 @@ class CallResult:
 class _Assembler:
     """Builds the final API message from raw stream events."""
 
+    # Deltas are collected in lists and joined at content_block_stop: concatenating each small
+    # delta onto a growing string would be quadratic for long outputs.
+    _FIELDS = {
+        "text_delta": ("text", "text"),
+        "input_json_delta": ("partial_json", "_json"),
+        "thinking_delta": ("thinking", "thinking"),
+        "signature_delta": ("signature", "signature"),
+    }
+
     def __init__(self) -> None:
         self.message: dict[str, Any] = {}
-        self._json: dict[int, str] = {}
+        self._parts: dict[tuple[int, str], list[str]] = {}
 
     def feed(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
@@ -59,31 +66,26 @@ class _Assembler:
             self.message = dict(ev["message"])
             self.message["content"] = []
         elif kind == "content_block_start":
-            block = dict(ev["content_block"])
-            if block.get("type") == "tool_use":
-                self._json[ev["index"]] = ""
-            self.message["content"].append(block)
+            self.message["content"].append(dict(ev["content_block"]))
         elif kind == "content_block_delta":
-            block = self.message["content"][ev["index"]]
             delta = ev["delta"]
-            dtype = delta.get("type")
-            if dtype == "text_delta":
-                block["text"] = block.get("text", "") + delta["text"]
-            elif dtype == "input_json_delta":
-                self._json[ev["index"]] = self._json.get(ev["index"], "") + delta["partial_json"]
-            elif dtype == "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + delta["thinking"]
-            elif dtype == "signature_delta":
-                block["signature"] = block.get("signature", "") + delta["signature"]
+            spec = self._FIELDS.get(str(delta.get("type")))
+            if spec is not None:
+                self._parts.setdefault((ev["index"], spec[1]), []).append(delta[spec[0]])
         elif kind == "content_block_stop":
             idx = ev["index"]
-            if idx in self._json:
-                raw = self._json.pop(idx)
-                self.message["content"][idx]["input"] = json.loads(raw) if raw.strip() else {}
+            block = self.message["content"][idx]
+            for (part_idx, name), pieces in list(self._parts.items()):
+                if part_idx != idx:
+                    continue
+                del self._parts[(part_idx, name)]
+                joined = "".join(pieces)
+                if name == "_json":
+                    block["input"] = json.loads(joined) if joined.strip() else {}
+                else:
+                    block[name] = block.get(name, "") + joined
         elif kind == "message_delta":
-            self.message.update(
-                {k: v for k, v in ev.get("delta", {}).items() if k in ("stop_reason", "stop_sequence")}
-            )
+            self.message.update({k: v for k, v in ev.get("delta", {}).items() if k in ("stop_reason", "stop_sequence")})
             usage = dict(self.message.get("usage") or {})
             usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
             self.message["usage"] = usage
@@ -110,9 +112,7 @@ def _final_error(exc: Exception, attempts: int) -> ModelError:
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
         if status == 401:
-            return ModelError(
-                "model API rejected the API key (401): check the session credential or ANTHROPIC_API_KEY"
-            )
+            return ModelError("model API rejected the API key (401): check the session credential or ANTHROPIC_API_KEY")
         label = {
             429: "rate limited",
             529: "overloaded",
@@ -169,7 +169,5 @@ async def call_model(
             if isinstance(exc, anthropic.APIStatusError):
                 hinted = _retry_after(exc)
                 delay = min(hinted, BACKOFF_MAX_S * 3) if hinted is not None else delay
-            log.warning(
-                "model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay
-            )
+            log.warning("model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay)
             await asyncio.sleep(delay)

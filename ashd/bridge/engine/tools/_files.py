@@ -76,9 +76,7 @@ class WriteTool:
 
 class EditTool:
     name = "Edit"
-    description = (
-        "Replaces old_string with new_string in a file. old_string must be unique unless replace_all is true."
-    )
+    description = "Replaces old_string with new_string in a file. old_string must be unique unless replace_all is true."
     input_schema: dict[str, Any] = {
         "type": "object",
         "properties": {
@@ -104,8 +102,7 @@ class EditTool:
             return ToolResult(f"old_string not found in {path}", is_error=True)
         if count > 1 and not args.get("replace_all"):
             return ToolResult(
-                f"old_string occurs {count} times in {path}; add context to make it unique "
-                "or set replace_all",
+                f"old_string occurs {count} times in {path}; add context to make it unique or set replace_all",
                 is_error=True,
             )
         updated = text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1)

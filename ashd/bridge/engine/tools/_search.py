@@ -86,9 +86,7 @@ class GrepTool:
             out: list[str] = []
             for path in _walk(root):
                 rel = str(path.relative_to(root)) if path != root else path.name
-                if name_glob and not (
-                    fnmatch.fnmatch(path.name, name_glob) or fnmatch.fnmatch(rel, name_glob)
-                ):
+                if name_glob and not (fnmatch.fnmatch(path.name, name_glob) or fnmatch.fnmatch(rel, name_glob)):
                     continue
                 try:
                     data = path.read_bytes()
