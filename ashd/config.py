@@ -139,6 +139,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_PORT", "port", "port", 4100, "Port the HTTP server binds.", _port),
     Option("SERVICE_DATA_DIR", "data_dir", "path", "./data",
            "Database, generated keys, agents, sandboxes and snapshots live here.", _text),
+    Option("SERVICE_AGENT_ROOTS", "agent_roots", "paths separated by `:`", None,
+           "Directories under which `POST /api/agents` may register a `path`. Unset: any directory "
+           "with AGENT.md outside the data dir's own folders. Set it when tenants are not trusted "
+           "with the server's filesystem.", _opt_text),
     Option("SERVICE_LOG_LEVEL", "log_level", "`debug` `info` `warning` `error`", "info",
            "Minimum level of the JSON log lines on stderr.", _choice("debug", "info", "warning", "error")),
     Option("SERVICE_RATE_LIMIT_RPS", "rate_limit_rps", "number > 0", 50.0,
@@ -202,6 +206,7 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 4100
     data_dir: str = "./data"
+    agent_roots: str | None = None
     log_level: str = "info"
     rate_limit_rps: float = 50.0
     rate_limit_burst: int = 100
@@ -224,6 +229,12 @@ class Settings:
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser().resolve()
+
+    @property
+    def agent_root_paths(self) -> tuple[Path, ...]:
+        if not self.agent_roots:
+            return ()
+        return tuple(Path(p).expanduser().resolve() for p in self.agent_roots.split(":") if p.strip())
 
     @property
     def effective_database_url(self) -> str:

@@ -195,7 +195,8 @@ KEEP = _Keep()
 class Agents:
     """The agent repository of one server: database rows plus managed folders under the data dir."""
 
-    def __init__(self, db: Database, cipher: Cipher, data_dir: Path) -> None:
+    def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = ()) -> None:
+        self._roots = roots
         self._db = db
         self._cipher = cipher
         self._data_dir = data_dir.resolve()
@@ -203,7 +204,7 @@ class Agents:
 
     @classmethod
     def of(cls, services: Services) -> Agents:
-        return cls(services.db, services.cipher, services.settings.data_path)
+        return cls(services.db, services.cipher, services.settings.data_path, services.settings.agent_root_paths)
 
     # --- reading ---
 
@@ -326,6 +327,9 @@ class Agents:
             top = folder.relative_to(self._data_dir).parts[0]
             if top in RESERVED_DATA_DIRS or top.startswith("."):
                 raise BadRequest(f"`path` {raw!r} points into the server-owned {top!r} directory")
+        if self._roots and not any(folder.is_relative_to(root) for root in self._roots):
+            raise BadRequest(f"`path` {raw!r} is outside the directories agents may be deployed from "
+                             "(SERVICE_AGENT_ROOTS); upload the files instead")
         if not folder.is_dir():
             raise BadRequest(f"`path` {raw!r} is not a directory on the server (resolved to {folder})")
         if not (folder / SYSTEM_PROMPT_FILE).is_file():

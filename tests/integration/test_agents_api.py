@@ -6,9 +6,11 @@ import asyncio
 import base64
 import os
 from pathlib import Path
+from typing import Any
 
+from ashd.config import Settings
 from ashd.storage._agents import resolve_agent
-from tests.conftest import Api
+from tests.conftest import Api, start_api
 
 
 def make_agent_dir(root: Path, prompt: str = "You are a test agent.") -> Path:
@@ -332,3 +334,20 @@ async def test_delete_after_switching_from_managed_to_path_removes_managed_folde
     assert status == 200
     assert not managed.parent.exists()
     assert (folder / "AGENT.md").exists()
+
+
+async def test_agent_roots_restrict_path_deploys(aiohttp_client: Any, settings: Settings, tmp_path: Path) -> None:
+    allowed = tmp_path / "allowed" / "bot"
+    outside = tmp_path / "outside" / "bot"
+    for folder in (allowed, outside):
+        folder.mkdir(parents=True)
+        (folder / "AGENT.md").write_text("hi")
+    server, api = await start_api(aiohttp_client, settings.with_(agent_roots=str(tmp_path / "allowed")))
+    try:
+        status, body = await api.call("POST", "/api/agents", json={"name": "ok", "path": str(allowed)})
+        assert status == 201, body
+        status, body = await api.call("POST", "/api/agents", json={"name": "no", "path": str(outside)})
+        assert status == 400 and "SERVICE_AGENT_ROOTS" in body["error"]
+    finally:
+        await api.client.close()
+        await server.stop()

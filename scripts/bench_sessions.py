@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Session benchmarks against a real ashd process and the bundled fake model.
+
+Prints p50/p99 of: create (pre-warmed sandbox / no warm sandbox), GET, pause, warm resume,
+cold resume; the server CPU time per streamed frame; frames per second through one server with
+N concurrent sessions; memory held by a stalled stream. Everything runs on loopback and stops by
+itself. Usage: .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def line(name: str, values_ms: list[float]) -> None:
+    print(f"{name:<42} p50 {statistics.median(values_ms):8.2f} ms   p99 {pct(values_ms, 0.99):8.2f} ms"
+          f"   (n={len(values_ms)})")
+
+
+async def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(url) as resp:
+                    if resp.status < 500:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextlib.asynccontextmanager
+async def fake_model() -> AsyncIterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([PY, "-m", "ashd.devtools.fake_model", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(url + "/_fake/scripts")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def ashd_server(model_url: str, prewarm: int) -> AsyncIterator[tuple[str, str, psutil.Process]]:
+    data = Path(tempfile.mkdtemp(prefix="ashd-bench-", dir="/tmp"))
+    port = free_port()
+    env = {**os.environ, "SERVICE_DATA_DIR": str(data / "d"), "SERVICE_PORT": str(port),
+           "SERVICE_HOST": "127.0.0.1", "SERVICE_PREWARM": str(prewarm), "SERVICE_RATE_LIMIT_RPS": "100000",
+           "SERVICE_RATE_LIMIT_BURST": "100000", "SERVICE_LOG_LEVEL": "warning", "SERVICE_MAX_SANDBOXES": "64",
+           "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "bench-key"}
+    proc = subprocess.Popen([PY, "-m", "ashd", "serve"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(data / "server.log", "wb"))  # noqa: SIM115
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(url + "/health")
+        key = (data / "d" / "initial-api-key").read_text().strip()
+        yield url, key, psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+class Client:
+    def __init__(self, http: aiohttp.ClientSession, url: str, key: str) -> None:
+        self.http, self.url, self.headers = http, url, {"Authorization": f"Bearer {key}"}
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        async with self.http.request(method, self.url + path, json=body, headers=self.headers) as resp:
+            data = await resp.json()
+            if resp.status >= 400:
+                raise RuntimeError(f"{method} {path}: {resp.status} {data}")
+            return data
+
+    async def stream(self, sid: str, content: str, partial: bool = False) -> int:
+        frames = 0
+        async with self.http.post(f"{self.url}/api/sessions/{sid}/messages", headers=self.headers,
+                                  json={"content": content, "includePartialMessages": partial}) as resp:
+            async for raw in resp.content:
+                if raw.startswith(b"event:"):
+                    frames += 1
+        return frames
+
+
+async def timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = await fn()
+    return (time.perf_counter() - t0) * 1000, result
+
+
+async def wait_warm(c: Client, want: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (await c.call("GET", "/health"))["pool"]["warm"] >= want:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def lifecycle(c: Client, n: int, prewarmed: bool) -> list[str]:
+    label = "pre-warmed sandbox" if prewarmed else "no warm sandbox"
+    creates, ids = [], []
+    for _ in range(n):
+        if prewarmed:
+            await wait_warm(c, 1)
+        ms, body = await timed(lambda: c.call("POST", "/api/sessions", {"agent": "bench"}))
+        creates.append(ms)
+        ids.append(body["session"]["id"])
+        if len(ids) >= 8:  # keep the pool from filling up
+            await c.call("DELETE", f"/api/sessions/{ids.pop(0)}")
+    line(f"create session ({label})", creates)
+    return ids
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=30)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--frames", type=int, default=2000, help="text deltas per streamed turn")
+    args = parser.parse_args()
+    async with fake_model() as model_url, aiohttp.ClientSession() as http:
+        await http.post(model_url + "/_fake/scripts", json={
+            "match": "bench-long", "turns": [{"content": [{"type": "text", "text": "x" * (8 * args.frames)}],
+                                              "chunk": 8}]})
+        async with ashd_server(model_url, prewarm=2) as (url, key, _proc):
+            c = Client(http, url, key)
+            await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
+            ids = await lifecycle(c, args.n, prewarmed=True)
+            sid = ids[-1]
+            gets = [(await timed(lambda: c.call("GET", f"/api/sessions/{sid}")))[0] for _ in range(args.n * 10)]
+            line("GET a session", gets)
+            pauses, warm = [], []
+            for _ in range(args.n):
+                pauses.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/pause")))[0])
+                warm.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
+            line("pause", pauses)
+            line("warm resume", warm)
+            cold = []
+            for _ in range(max(5, args.n // 3)):
+                await c.call("POST", f"/api/sessions/{sid}/stop")
+                cold.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
+            line("cold resume (after stop)", cold)
+        async with ashd_server(model_url, prewarm=0) as (url, key, _proc):
+            c = Client(http, url, key)
+            await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
+            await lifecycle(c, max(10, args.n // 2), prewarmed=False)
+        async with ashd_server(model_url, prewarm=args.concurrency) as (url, key, proc):
+            c = Client(http, url, key)
+            await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
+            sids = [(await c.call("POST", "/api/sessions", {"agent": "bench"}))["session"]["id"]
+                    for _ in range(args.concurrency)]
+            await c.stream(sids[0], "warm-up")
+            cpu0 = sum(proc.cpu_times()[:2])
+            t0 = time.perf_counter()
+            frames = await c.stream(sids[0], "bench-long", partial=True)
+            wall = time.perf_counter() - t0
+            cpu = sum(proc.cpu_times()[:2]) - cpu0
+            print(f"{'server CPU per streamed frame':<42} {cpu / frames * 1000:8.3f} ms   "
+                  f"({frames} frames, one session, {frames / wall:,.0f} frames/s end to end)")
+            t0 = time.perf_counter()
+            counts = await asyncio.gather(*(c.stream(s, "bench-long", partial=True) for s in sids))
+            wall = time.perf_counter() - t0
+            print(f"{'throughput, ' + str(len(sids)) + ' concurrent sessions':<42} "
+                  f"{sum(counts) / wall:8,.0f} frames/s  ({sum(counts)} frames in {wall:.2f} s)")
+            await stalled_stream(url, key, sids[0], proc)
+
+
+async def stalled_stream(url: str, key: str, sid: str, proc: psutil.Process) -> None:
+    """A client that reads the headers and then nothing: what the server holds for it."""
+    host, port = url.removeprefix("http://").split(":")
+    rss0 = proc.memory_info().rss
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps({"content": "bench-long", "includePartialMessages": True}).encode()
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    writer.write(f"POST /api/sessions/{sid}/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+    await reader.readuntil(b"\r\n\r\n")
+    await asyncio.sleep(3)  # the bridge is paused by now; nothing more is read
+    held = max(0, proc.memory_info().rss - rss0)
+    conns = [c for c in proc.net_connections("tcp") if c.laddr and c.laddr.port == int(port) and c.raddr]
+    print(f"{'memory held by a stalled stream':<42} {held / 1024:8.0f} KiB server RSS growth "
+          f"({len(conns)} open client connection(s); kernel send buffer capped at 32 KiB)")
+    writer.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
