@@ -1,0 +1,105 @@
+"""`ashd serve` as a real process: first start, key file, graceful SIGTERM, restart reuses everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.databases import PG_URL  # noqa: F401  (documents where PostgreSQL comes from)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(method: str, url: str, key: str | None = None, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def start(data_dir: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    full.update({"SERVICE_DATA_DIR": str(data_dir), "SERVICE_PORT": str(port), "SERVICE_HOST": "127.0.0.1",
+                 "SERVICE_PREWARM": "1", **env})
+    proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=full, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        try:
+            if http("GET", f"http://127.0.0.1:{port}/health")[0] == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("server did not answer /health")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    return err.decode()
+
+
+def test_first_start_sigterm_and_restart(short_tmp: Path) -> None:
+    data, port = short_tmp / "data", free_port()
+    proc = start(data, port)
+    key_file = data / "initial-api-key"
+    key = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    status, body = http("POST", f"http://127.0.0.1:{port}/api/agents", key, {"name": "a", "systemPrompt": "hi"})
+    assert status == 201, body
+    status, health = http("GET", f"http://127.0.0.1:{port}/health")
+    assert health["status"] == "ok" and health["isolation"]["weak"] is False
+    log = stop(proc)
+    assert key not in log  # the key never reaches the log stream
+    for line in log.splitlines():
+        json.loads(line)  # every log line is JSON
+    # nothing left behind: no sandbox processes, no sandbox dirs
+    assert not any(p.name.startswith("sb-") for p in (data / "sandboxes").glob("*"))
+
+    proc = start(data, port)
+    try:
+        assert key_file.read_text().strip() == key
+        status, body = http("GET", f"http://127.0.0.1:{port}/api/agents/a", key)
+        assert status == 200 and body["agent"]["version"] == 1
+    finally:
+        stop(proc)
+
+
+def test_bad_configuration_stops_the_start_with_a_clear_message(short_tmp: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    env.update({"SERVICE_DATA_DIR": str(short_tmp / "d"), "SERVICE_PORT": "not-a-port"})
+    result = subprocess.run([sys.executable, "-m", "ashd", "serve"], env=env, capture_output=True, timeout=60)
+    assert result.returncode == 2
+    assert b"SERVICE_PORT" in result.stderr and b"port" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--version"])
+def test_cli_entry_points(flag: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "ashd", flag], capture_output=True, timeout=60)
+    assert result.returncode == 0 and b"ashd" in result.stdout
