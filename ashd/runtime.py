@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     orphans = await sessions.pause_orphans()
     if orphans:
         log.info("paused sessions left active by the previous process", extra={"count": len(orphans)})
+    await _rescue_workspaces(sessions, snapshots, launcher.sandboxes_dir, settings.actor_timeout_seconds)
 
     from ashd.storage._agents import resolve_agent
     from ashd.storage._credentials import use_credential
@@ -159,6 +161,36 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
     stops.append(("pool actor", stop_pool))
     return stops
+
+
+async def _rescue_workspaces(sessions: Sessions, snapshots: Any, sandboxes: Path, timeout: float) -> None:
+    """Sandboxes never outlive the server, but a killed server leaves their directories behind.
+
+    The workspace of a session's last sandbox holds its newest files (newer than any snapshot:
+    snapshots are taken from it), so it becomes the session's newest snapshot, which the files
+    API serves and a cold resume restores. Then the directory goes.
+    """
+    dirs = [d for d in sandboxes.glob("sb-*") if d.is_dir()]
+    if not dirs:
+        return
+    owners = await sessions.owners_of_sandboxes([d.name for d in dirs])
+    for d in dirs:
+        session_id = owners.get(d.name)
+        workspace = d / "workspace"
+        if session_id is not None and workspace.is_dir():
+            try:
+                await asyncio.to_thread(_snapshot_sync, snapshots, session_id, workspace, timeout * 4)
+            except Exception:
+                log.exception("could not snapshot a leftover workspace; keeping it",
+                              extra={"sessionId": session_id, "sandboxId": d.name})
+                continue
+            log.info("snapshotted the workspace of a sandbox left by the previous process",
+                     extra={"sessionId": session_id, "sandboxId": d.name})
+        await asyncio.to_thread(shutil.rmtree, d, True)
+
+
+def _snapshot_sync(snapshots: Any, session_id: str, workspace: Path, timeout: float) -> None:
+    snapshots.snapshot(session_id, workspace).get(timeout=timeout)
 
 
 # sun_path is 108 bytes on Linux; the deepest socket is <data>/sandboxes/<id>/run/bridge.sock.

@@ -46,6 +46,7 @@ class BridgeServer:
             await self._stop.wait()
         finally:
             accept.cancel()
+            await asyncio.wait([accept], timeout=1)  # unregister the accept before closing its fd
             if self.engine is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.engine.close(), 10)
@@ -100,7 +101,7 @@ class Connection:
         pending = [t for t in [self._main, *self.tasks] if t is not None and t is not current]
         if pending:
             await asyncio.wait(pending, timeout=5)
-        self.sock.close()
+        p.close_socket(self.sock, self.reader, self.writer)
         if self.server.conn is self:
             self.server.conn = None
 
@@ -138,7 +139,7 @@ class Connection:
                 task.cancel()
             if self.server.conn is self:
                 self.server.conn = None
-            self.sock.close()
+            p.close_socket(self.sock, self.reader, self.writer)
 
     async def _dispatch(self, frame: p.Frame) -> None:
         kind = frame["type"]

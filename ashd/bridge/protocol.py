@@ -98,6 +98,13 @@ class FrameReader:
         self._recv: asyncio.Future[bytes] | None = None
         self.eof = False
 
+    def abort(self) -> None:
+        """Cancel a pending recv. Call before closing the socket: a recv left registered on a
+        closed fd would steal the events of the next socket that reuses the fd number."""
+        if self._recv is not None and not self._recv.done():
+            self._recv.cancel()
+        self._recv = None
+
     async def read(self) -> Frame | None:
         """The next frame, or None at EOF. Raises FrameTooLarge (line skipped) or ProtocolError."""
         loop = asyncio.get_running_loop()
@@ -142,11 +149,17 @@ class FrameWriter:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._lock = asyncio.Lock()
+        self._send: asyncio.Future[None] | None = None
+
+    def abort(self) -> None:
+        """Cancel a pending send (see FrameReader.abort); call before closing the socket."""
+        if self._send is not None and not self._send.done():
+            self._send.cancel()
 
     async def write(self, frame: Frame) -> None:
         data = encode(frame)
         async with self._lock:
-            send = asyncio.ensure_future(asyncio.get_running_loop().sock_sendall(self._sock, data))
+            send = self._send = asyncio.ensure_future(asyncio.get_running_loop().sock_sendall(self._sock, data))
             try:
                 await asyncio.shield(send)
             except asyncio.CancelledError:
@@ -154,6 +167,15 @@ class FrameWriter:
                 if not send.done():
                     await asyncio.wait([send])
                 raise
+
+
+def close_socket(sock: socket.socket, reader: FrameReader | None, writer: FrameWriter | None) -> None:
+    """Close a socket used by a reader/writer pair, after cancelling their pending I/O."""
+    if reader is not None:
+        reader.abort()
+    if writer is not None:
+        writer.abort()
+    sock.close()
 
 
 def shrink_buffers(sock: socket.socket, size: int = 32 * 1024) -> None:

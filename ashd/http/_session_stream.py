@@ -21,6 +21,7 @@ from ashd.storage._models import iso, utcnow
 
 routes = web.RouteTableDef()
 MAX_CONTENT_CHARS = 500_000
+_TURNS: set[asyncio.Task[Any]] = set()  # running turns, referenced until they finish
 
 
 def _content(body: dict[str, Any]) -> Any:
@@ -52,13 +53,25 @@ async def send_message(request: web.Request) -> web.StreamResponse:
     t0 = time.monotonic()
     ticket = await services.sessions.begin_turn(tenant(request), request.match_info["id"], content, model)
     lookup_ms = (time.monotonic() - t0) * 1000
+    # The turn runs in its own task: a client that goes away (the server may cancel the handler
+    # then) must not stop it; it finishes and is stored, and the client can replay it.
+    turn = asyncio.get_running_loop().create_task(
+        _drive(services, ticket, content, partial, request, lookup_ms))
+    _TURNS.add(turn)
+    turn.add_done_callback(_TURNS.discard)
+    sink: SseSink = await asyncio.shield(turn)
+    return sink.response
+
+
+async def _drive(services: Services, ticket: TurnTicket, content: Any, partial: bool, request: web.Request,
+                 lookup_ms: float) -> SseSink:
     try:
         sink = await SseSink.open(request)
         await run_turn(services, ticket, content, partial, sink, lookup_ms)
         await sink.close()
+        return sink
     finally:
         services.sessions.end_turn(ticket)
-    return sink.response
 
 
 async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial: bool, sink: SseSink,

@@ -43,20 +43,37 @@ class SseSink:
         return cls(response, read_timeout)
 
     async def send(self, event: str, data: str, event_id: int | None = None) -> bool:
-        """Send one frame and wait until the kernel has it. False once the client is gone."""
+        """Send one frame and wait until the kernel has it. False once the client is gone.
+
+        The write runs as its own task and the timeout is `asyncio.wait`'s: a timeout that
+        cancelled the caller could race with the transport failing and leave a stray
+        cancellation behind, which would cancel the turn the caller keeps draining.
+        """
         if not self.alive:
             return False
+        write = asyncio.ensure_future(self._write(event, data, event_id))
         try:
-            async with asyncio.timeout(self.read_timeout):
-                await self.response.send(data, id=None if event_id is None else str(event_id), event=event)
-                writer = self.response._payload_writer
-                if writer is not None:
-                    await writer.drain()
-        except TimeoutError:
+            done, _ = await asyncio.wait({write}, timeout=self.read_timeout)
+        finally:
+            if not write.done():
+                write.cancel()
+        if not done:
             self._drop("client read timeout")
-        except (ConnectionError, RuntimeError, OSError):
+            with contextlib.suppress(BaseException):
+                await write
+            return False
+        exc = write.exception()
+        if isinstance(exc, ConnectionError | RuntimeError | OSError):
             self._drop("client disconnected")
+        elif exc is not None:
+            raise exc
         return self.alive
+
+    async def _write(self, event: str, data: str, event_id: int | None) -> None:
+        await self.response.send(data, id=None if event_id is None else str(event_id), event=event)
+        writer = self.response._payload_writer  # public drain() is deprecated
+        if writer is not None:
+            await writer.drain()
 
     def _drop(self, reason: str) -> None:
         self.alive = False

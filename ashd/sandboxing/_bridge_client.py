@@ -209,5 +209,5 @@ class BridgeConnection:
 
     async def close(self) -> None:
         if not self._sock.fileno() < 0:
-            self._sock.close()
+            p.close_socket(self._sock, self._reader, self._writer)
         self.closed = True

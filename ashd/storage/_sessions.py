@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,8 +121,7 @@ class Sessions:
             s.add(SessionEvent(id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle",
                                data=json.dumps({"action": action, "status": status, **(extra or {})}),
                                sequence=seq, created_at=now))
-            row = (await s.execute(select(Session).where(Session.id == session_id))).scalar_one()
-        return row
+            return (await s.execute(select(Session).where(Session.id == session_id))).scalar_one()
 
     async def reserve_events(self, session_id: str, count: int) -> int:
         async with self.db.tx() as s:
@@ -154,7 +154,7 @@ class Sessions:
                        for e in events])
             await s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
 
-    async def messages(self, tenant: str, session_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    async def messages(self, tenant: str, session_id: str, after: int, limit: int) -> builtins.list[dict[str, Any]]:
         async with self.db.read() as s:
             rows = (await s.execute(
                 select(Message).where(Message.session_id == session_id, Message.tenant_id == tenant,
@@ -163,14 +163,14 @@ class Sessions:
         return [{"id": r.id, "sessionId": r.session_id, "tenantId": r.tenant_id, "role": r.role,
                  "content": r.content, "sequence": r.sequence, "createdAt": iso(r.created_at)} for r in rows]
 
-    async def all_message_contents(self, session_id: str) -> list[dict[str, Any]]:
+    async def all_message_contents(self, session_id: str) -> builtins.list[dict[str, Any]]:
         async with self.db.read() as s:
             rows = (await s.execute(select(Message.content).where(Message.session_id == session_id)
                                     .order_by(Message.sequence))).scalars().all()
         return [json.loads(c) for c in rows]
 
     async def events(self, tenant: str, session_id: str, after: int, limit: int,
-                     type_: str | None) -> list[dict[str, Any]]:
+                     type_: str | None) -> builtins.list[dict[str, Any]]:
         query = select(SessionEvent).where(SessionEvent.session_id == session_id, SessionEvent.tenant_id == tenant,
                                            SessionEvent.sequence > after)
         if type_:
@@ -180,7 +180,7 @@ class Sessions:
         return [{"id": r.id, "sessionId": r.session_id, "tenantId": r.tenant_id, "type": r.type, "data": r.data,
                  "sequence": r.sequence, "createdAt": iso(r.created_at)} for r in rows]
 
-    async def frames_after(self, session_id: str, after: int, limit: int = 500) -> list[FrameRow]:
+    async def frames_after(self, session_id: str, after: int, limit: int = 500) -> builtins.list[FrameRow]:
         async with self.db.read() as s:
             rows = (await s.execute(
                 select(SessionEvent.sequence, SessionEvent.frame_event, SessionEvent.frame_data)
@@ -188,9 +188,18 @@ class Sessions:
                             SessionEvent.frame_event.is_not(None)))
                 .order_by(SessionEvent.sequence).limit(limit)
             )).all()
-        return [FrameRow(r[0], r[1], r[2]) for r in rows]
+        return [FrameRow(r[0], r[1] or "", r[2] or "") for r in rows]
 
-    async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart") -> list[str]:
+    async def owners_of_sandboxes(self, sandbox_ids: Sequence[str]) -> dict[str, str]:
+        """Sandbox id -> session id, for the sessions (not ended) that last ran in those sandboxes."""
+        if not sandbox_ids:
+            return {}
+        async with self.db.read() as s:
+            rows = (await s.execute(select(Session.sandbox_id, Session.id).where(
+                Session.sandbox_id.in_(list(sandbox_ids)), Session.status != "ended"))).all()
+        return {r[0]: r[1] for r in rows}
+
+    async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart") -> builtins.list[str]:
         """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk."""
         async with self.db.tx() as s:
             query = select(Session.id, Session.tenant_id).where(Session.status.in_(("active", "starting")))

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -349,3 +351,28 @@ async def test_max_turns(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     assert res["subtype"] == "error_max_turns"
     assert res["is_error"] is True
     assert res["num_turns"] == 2
+
+
+async def test_mcp_remote_streamable_http_server(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, str(MCP_SERVER), "--http", str(port), stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        assert server.stderr is not None
+        async with asyncio.timeout(30):
+            while b"Uvicorn running on" not in (line := await server.stderr.readline()):
+                assert line, "MCP HTTP server exited before listening"
+        mcp = {"mcpServers": {"remote": {"url": f"http://127.0.0.1:{port}/mcp"}}}
+        (bridge.workspace / ".mcp.json").write_text(json.dumps(mcp))
+        fake_model.script("MCPH-1", [{"content": [tool("mcp__remote__add", a=2, b=3)]}, {"content": [text("ok")]}])
+        conn = await bridge.connect()
+        init_ok = await conn.init({})
+        assert init_ok["mcpServers"] == [{"name": "remote", "status": "connected"}]
+        results = tool_results(await collect(conn, "MCPH-1"))
+        assert block_text(results[0]) == "5"
+    finally:
+        server.terminate()
+        await server.wait()

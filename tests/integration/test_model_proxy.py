@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +28,7 @@ async def proxied(fake_model: FakeModel) -> AsyncIterator[tuple[ModelProxy, http
     finally:
         await client.aclose()
         await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
 
 
 BODY = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "PROXY-1 hi"}]}

@@ -21,7 +21,7 @@ EXCLUDED = ("node_modules/pkg/index.js", ".git/config", "__pycache__/m.pyc", ".c
 
 
 def _workspace(api: Api, session: dict[str, Any]) -> Path:
-    return Path(api.server.settings.data_dir) / "sandboxes" / session["sandboxId"] / "workspace"
+    return Path(api.server.settings.data_dir) / "sandboxes" / str(session["sandboxId"]) / "workspace"
 
 
 def _populate(ws: Path) -> None:

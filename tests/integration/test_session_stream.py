@@ -104,7 +104,7 @@ async def _raw_post(api: Api, sid: str, body: dict[str, Any]) -> tuple[asyncio.S
     await asyncio.get_running_loop().sock_connect(sock, (str(server.host), int(server.port or 0)))
     reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
     payload = json.dumps(body).encode()
-    writer.write((f"POST /api/sessions/{sid}/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api.key}\r\n"
+    writer.write((f"POST /api/sessions/{sid}/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {api.key}\r\n"
                   f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload)
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
@@ -125,7 +125,8 @@ async def test_backpressure_timeout_and_replay(tapi: Api, fake_model: FakeModel,
     for _ in range(20):  # a bounded look while the client holds still: nothing completes
         assert not await _turn_completed(tapi, sid)
         await asyncio.sleep(0.05)
-    rest = await reader.read(-1)  # resume reading: every frame arrives, then done
+    async with asyncio.timeout(60):
+        rest = await reader.read(-1)  # resume reading: every frame arrives, then done
     writer.close()
     frames = parse_frames(_dechunk(rest))
     deltas = [f for f in frames if f.event == "message" and f.data["type"] == "stream_event"
@@ -138,7 +139,8 @@ async def test_backpressure_timeout_and_replay(tapi: Api, fake_model: FakeModel,
     sid = (await create(tapi))["id"]
     reader, writer = await _raw_post(tapi, sid, {"content": "long-stream again", "includePartialMessages": True})
     await _wait_for(lambda: _turn_completed(tapi, sid), timeout=60)
-    tail = await reader.read(-1)  # the server closed the connection: EOF, not the whole turn
+    async with asyncio.timeout(30):
+        tail = await reader.read(-1)  # the server closed the connection: EOF, not the whole turn
     writer.close()
     assert b"event: done" not in tail
     status, body = await tapi.call("GET", f"/api/sessions/{sid}/messages")
@@ -162,11 +164,12 @@ async def test_backpressure_timeout_and_replay(tapi: Api, fake_model: FakeModel,
     resp = await tapi.client.get(f"/api/sessions/{sid}/stream",
                                  headers={**tapi.headers(), "Last-Event-ID": str(head.id)})
     assert resp.status == 200
-    replayed = parse_frames(await resp.text())
-    ids = [f.id for f in replayed]
-    assert ids == sorted(set(ids)) and ids[0] > head.id  # each missed frame once, in order
+    async with asyncio.timeout(60):
+        replayed = parse_frames(await resp.text())
+    ids = [f.id or 0 for f in replayed]
+    assert ids == sorted(set(ids)) and ids[0] > (head.id or 0)  # each missed frame once, in order
     assert replayed[-1].event == "done" and [f.event for f in replayed].count("done") == 1
-    assert any(f.event == "message" and f.data["type"] == "result" for f in replayed)
+    assert any(f.event == "message" and f.data["type"] == "result" for f in replayed), [(f.event, f.id, str(f.data)[:300]) for f in replayed]
     resp = await tapi.client.get(f"/api/sessions/{sid}/stream?after=0", headers=tapi.headers())
     everything = parse_frames(await resp.text())
     assert [f.id for f in everything] == [head.id, *ids]

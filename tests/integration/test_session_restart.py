@@ -1,0 +1,155 @@
+"""A real `python -m ashd serve` killed with SIGKILL and started again: nothing stored is lost,
+sessions come back `paused`, and a cold resume restores files and conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from ashd.config import Settings
+from ashd.devtools.fake_model import FakeModel
+from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
+from tests.fixtures.sse import parse_frames
+
+pytestmark = pytest.mark.sandbox
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    def __init__(self, settings: Settings, fake_url: str) -> None:
+        self.port = _free_port()
+        self.env = {**os.environ, "SERVICE_DATA_DIR": settings.data_dir, "SERVICE_PORT": str(self.port),
+                    "SERVICE_HOST": "127.0.0.1", "SERVICE_DATABASE_URL": settings.effective_database_url,
+                    "SERVICE_PREWARM": "0", "ANTHROPIC_BASE_URL": fake_url, "ANTHROPIC_API_KEY": "x"}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> str:
+        self.proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        async with asyncio.timeout(60), aiohttp.ClientSession() as http:
+            while True:
+                assert self.proc.poll() is None, "the server exited during start"
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{self.url}/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+        return (Path(self.env["SERVICE_DATA_DIR"]) / "initial-api-key").read_text().strip()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own process group only
+
+
+@pytest.fixture
+def proc(settings: Settings, fake_model: FakeModel) -> Iterator[Proc]:  # noqa: F811
+    p = Proc(settings, fake_model.url)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _call(http: aiohttp.ClientSession, p: Proc, key: str, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+    async with http.request(method, p.url + path, headers={"Authorization": f"Bearer {key}"}, **kw) as resp:
+        text = await resp.text()
+        if resp.content_type == "text/event-stream":
+            return resp.status, parse_frames(text)
+        return resp.status, json.loads(text)
+
+
+async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake_model: FakeModel) -> None:  # noqa: F811
+    key = await proc.start()
+    status, body = await _call(http, proc, key, "POST", "/api/agents",
+                               json={"name": "helper", "systemPrompt": "You are helpful."})
+    assert status == 201, body
+    fake_model.script("remember-alpha", [
+        {"content": [{"type": "tool_use", "name": "Write",
+                      "input": {"file_path": "/workspace/alpha.txt", "content": "alpha file"}}]},
+        {"content": [{"type": "text", "text": "stored"}]},
+    ])
+    sids = []
+    for _ in range(2):
+        status, body = await _call(http, proc, key, "POST", "/api/sessions", json={"agent": "helper"})
+        assert status == 201, body
+        sid = body["session"]["id"]
+        status, frames = await _call(http, proc, key, "POST", f"/api/sessions/{sid}/messages",
+                                     json={"content": "remember-alpha now"})
+        assert status == 200 and frames[-1].event == "done"
+        sids.append(sid)
+    # the second one is paused (a snapshot is taken); the first stays active: no snapshot at all
+    status, body = await _call(http, proc, key, "POST", f"/api/sessions/{sids[1]}/pause")
+    assert status == 200
+    before = {}
+    for sid in sids:
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/messages")
+        before[sid] = body["messages"]
+
+    proc.kill()
+    key = await proc.start()
+
+    for sid in sids:
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}")
+        assert status == 200 and body["session"]["status"] == "paused"
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/messages")
+        assert body["messages"] == before[sid]
+        # the files the agent wrote before the kill are readable, from the snapshot
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files")
+        assert status == 200, body
+        assert body["source"] == "snapshot" and "alpha.txt" in {f["path"] for f in body["files"]}
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sids[0]}/events?type=lifecycle")
+    assert json.loads(body["events"][-1]["data"])["reason"] == "restart"
+
+    for sid in sids:
+        status, body = await _call(http, proc, key, "POST", f"/api/sessions/{sid}/resume")
+        assert status == 200 and body["session"]["status"] == "active"
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files/alpha.txt",
+                                   params={"format": "json"})
+        assert status == 200 and body["content"] == "alpha file" and body["source"] == "sandbox"
+        token = f"after-restart-{sid}"
+        status, frames = await _call(http, proc, key, "POST", f"/api/sessions/{sid}/messages",
+                                     json={"content": token})
+        assert status == 200 and frames[-1].event == "done"
+        # the model sees the conversation from before the kill
+        request = fake_model.requests_containing(token)[-1]
+        assert "remember-alpha now" in json.dumps(request["body"]["messages"])
+    async with http.get(f"{proc.url}/metrics") as resp:
+        assert 'ash_resume_total{path="cold"} 2.0' in await resp.text()
