@@ -8,7 +8,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 # The interface lists exactly these series; `_created` companions would be extra series.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 POOL_STATES = ("cold", "warming", "warm", "waiting", "running")

@@ -16,6 +16,12 @@ from ashd.app import Server
 from ashd.config import Settings
 from tests.fixtures.databases import fresh_postgres
 
+pytest_plugins = [
+    "tests.fixtures.fake_model_fixture",
+    "tests.fixtures.bridge_fixture",
+    "tests.fixtures.s3_fixture",
+]
+
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:

@@ -166,7 +166,7 @@ class SessionActor(AioActor):
         self.row = self._transition("paused", "paused")
         return session_json(self.row)
 
-    def stop(self) -> dict[str, Any]:
+    def stop_session(self) -> dict[str, Any]:
         row = self._row()
         if row.status not in ("active", "starting"):
             raise BadRequest(f"Session is {row.status}; only an active or starting session can be stopped")
@@ -255,7 +255,8 @@ class SessionActor(AioActor):
     def _end_sandbox(self, *, snapshot: bool) -> None:
         if self.handle is not None and snapshot and self.deps.snapshots is not None:
             try:
-                self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace).get(timeout=self.deps.ask_timeout)
+                workspace = self.handle.paths.workspace
+                self.deps.snapshots.snapshot(self.session_id, workspace).get(timeout=self.deps.ask_timeout)
             except Exception:
                 log.exception("snapshot at end failed", extra={"sessionId": self.session_id})
         self._drop_sandbox()
@@ -265,14 +266,14 @@ class SessionActor(AioActor):
         if conn is not None:
             try:
                 self.deps.run(conn.shutdown(), timeout=self.deps.shutdown_grace + 1)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: the ladder's signals follow anyway
                 log.debug("bridge shutdown request failed", extra={"sessionId": self.session_id})
         handle, self.handle = self.handle, None
         if handle is not None:
             if self.deps.model_proxy is not None:
                 try:
                     self.deps.run(self.deps.model_proxy.stop_for(handle.sandbox_id))
-                except Exception:
+                except Exception:  # noqa: BLE001 - the socket goes away with the sandbox dir anyway
                     log.debug("model proxy detach failed", extra={"sandboxId": handle.sandbox_id})
             self.deps.pool.release(handle.sandbox_id)
 

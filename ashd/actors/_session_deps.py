@@ -19,8 +19,8 @@ class SessionDeps:
     pool: Any  # PoolActor proxy
     snapshots: Any  # SnapshotActor proxy or None
     model_proxy: Any  # ModelProxy or None
-    resolve_agent: Callable[[str, str], Awaitable[Any]]  # (tenant, name) -> AgentView
-    resolve_credential: Callable[[str, str], Awaitable[Any]]  # (tenant, id) -> ResolvedCredential
+    resolve_agent: Callable[[str, str], Coroutine[Any, Any, Any]]  # (tenant, name) -> AgentView
+    resolve_credential: Callable[[str, str], Coroutine[Any, Any, Any]]  # (tenant, id) -> ResolvedCredential
     decrypt_env: Callable[[bytes | None, str], dict[str, str]]
     count_resume: Callable[[str, str, str], None]  # (path, session id, agent name)
     record_usage: Callable[[str, str, str, dict[str, float]], Awaitable[None]]

@@ -80,7 +80,7 @@ class SessionRegistry:
         return await call(proxy.resume(), self.timeout + 2 * self.deps.setup_timeout + 10)
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
-        return await call((await self._actor(tenant, session_id)).stop(), self.timeout * 2)
+        return await call((await self._actor(tenant, session_id)).stop_session(), self.timeout * 2)
 
     async def delete(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)

@@ -11,7 +11,7 @@ import hmac
 import time
 
 from aiohttp import web
-from aiohttp.web_middlewares import Handler
+from aiohttp.typedefs import Handler
 
 from ashd.errors import RateLimited, Unauthorized
 from ashd.http._keys import KEY_ID, SERVICES, TENANT

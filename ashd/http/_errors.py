@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
-from aiohttp.web_middlewares import Handler
+from aiohttp.typedefs import Handler
 
 from ashd.errors import ServiceError
 from ashd.http._json import dumps

@@ -38,7 +38,8 @@ def apply_session_config(workspace: Path, system_prompt: str | None, mcp_servers
                     merged = loaded
             except (OSError, ValueError):
                 merged = {}
-        servers = merged.get("mcpServers") if isinstance(merged.get("mcpServers"), dict) else {}
+        existing = merged.get("mcpServers")
+        servers: dict[str, Any] = existing if isinstance(existing, dict) else {}
         merged["mcpServers"] = {**servers, **mcp_servers}  # the session wins on an equal key
         if path.is_symlink():
             path.unlink()
