@@ -47,10 +47,10 @@ class SessionActor(AioActor):
         return self.row
 
     # --- create / resume -----------------------------------------------------------------------
-    def create(self, req: CreateRequest) -> dict[str, Any]:
-        self.row = self.deps.run(self.deps.sessions.get(self.tenant, self.session_id))
+    def create(self, req: CreateRequest, row: Session) -> dict[str, Any]:
+        self.row = row  # just inserted by the registry: no need to read it back
         try:
-            self._start_sandbox(resume_history=False, restore=False)
+            self._start_sandbox(resume_history=False, restore=False, agent=req.agent)
         except ServiceError as exc:
             self._fail(exc.message)
             raise
@@ -85,11 +85,12 @@ class SessionActor(AioActor):
         self.deps.count_resume(path, self.session_id, row.agent_name)
         return session_json(self.row)
 
-    def _start_sandbox(self, *, resume_history: bool, restore: bool) -> None:
+    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None) -> None:
         row = self._row()
         deps = self.deps
         config = _config(row)
-        agent = deps.run(deps.resolve_agent(self.tenant, row.agent_name))
+        if agent is None:
+            agent = deps.run(deps.resolve_agent(self.tenant, row.agent_name))
         network = bool(config.get("network", agent.network or deps.network_default))
         env: dict[str, str] = dict(agent.env or {})
         api_key = deps.fallback_api_key
@@ -107,7 +108,6 @@ class SessionActor(AioActor):
         try:
             if deps.model_proxy is not None:
                 deps.model_proxy.set_key_provider(handle.sandbox_id, lambda key=api_key: key)
-                deps.run(deps.model_proxy.start_for(handle.sandbox_id, handle.paths.model_socket))
             restored = False
             if restore and deps.snapshots is not None:
                 restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
@@ -143,7 +143,11 @@ class SessionActor(AioActor):
             raise
 
     async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any]) -> Any:
+        """One trip to the loop: the model proxy socket, the bridge connection and its init."""
         from ashd.sandboxing._bridge_client import BridgeConnection
+
+        if self.deps.model_proxy is not None:
+            await self.deps.model_proxy.start_for(handle.sandbox_id, handle.paths.model_socket)
 
         conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
         try:

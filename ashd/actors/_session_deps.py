@@ -44,6 +44,7 @@ class CreateRequest:
     model: str | None
     config: dict[str, Any] = field(default_factory=dict)
     credential_id: str | None = None
+    agent: Any = None  # the AgentView resolved when the request was checked; resolved again if None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,11 @@ class SessionRegistry:
         self.deps = deps
         self._actors: dict[str, ActorRef[SessionActor]] = {}
         self._tenants: dict[str, str] = {}  # session id -> owning tenant, checked on every lookup
+        # The latest view of each live session, so GET answers without a trip to the actor or the
+        # database. Every change goes through this registry, which refreshes or drops the entry;
+        # `_epochs` keeps a slow read from storing a view older than a change made meanwhile.
+        self._views: dict[str, dict[str, Any]] = {}
+        self._epochs: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
     @property
@@ -58,35 +63,65 @@ class SessionRegistry:
                       status="starting", config=json.dumps(req.config), credential_id=req.credential_id,
                       env_ciphertext=encrypted_env)
         await self.deps.sessions.insert(row)
-        proxy = await self._actor(req.tenant, req.session_id)
+        async with self._lock:
+            ref = SessionActor.start(self.deps, req.session_id, req.tenant)
+            self._actors[req.session_id] = ref
+            self._tenants[req.session_id] = req.tenant
         # Creation may install packages and run setup.sh: its budget includes the setup timeout.
-        return await call(proxy.create(req), self.timeout + 2 * self.deps.setup_timeout + 10)
+        return await self._changed(req.session_id, ref.proxy().create(req, row),
+                                   self.timeout + 2 * self.deps.setup_timeout + 10)
+
+    def _remember(self, session_id: str, view: dict[str, Any] | None, epoch: int | None = None) -> None:
+        if epoch is not None and self._epochs.get(session_id, 0) != epoch:
+            return  # something changed while this view was being read: do not cache it
+        if epoch is None:
+            self._epochs[session_id] = self._epochs.get(session_id, 0) + 1
+        if view is None or session_id not in self._actors:
+            self._views.pop(session_id, None)
+        else:
+            self._views[session_id] = view
+
+    async def _changed(self, session_id: str, fut: Any, timeout: float) -> dict[str, Any]:
+        self._remember(session_id, None)
+        view: dict[str, Any] = await call(fut, timeout)
+        self._remember(session_id, view)
+        return view
 
     async def view(self, tenant: str, session_id: str) -> dict[str, Any]:
+        cached = self._views.get(session_id)
+        if cached is not None and self._tenants.get(session_id) == tenant:
+            return cached
+        epoch = self._epochs.get(session_id, 0)
         ref = self._live(tenant, session_id)
         if ref is not None:
             view: dict[str, Any] = await call(ref.proxy().view(), self.timeout)
             if view["tenantId"] == tenant:
+                self._remember(session_id, view, epoch)
                 return view
         from ashd.storage._sessions import session_json
 
         return session_json(await self.deps.sessions.get(tenant, session_id))
 
     async def pause(self, tenant: str, session_id: str) -> dict[str, Any]:
-        return await call((await self._actor(tenant, session_id)).pause(), self.timeout)
+        proxy = await self._actor(tenant, session_id)
+        return await self._changed(session_id, proxy.pause(), self.timeout)
 
     async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
-        return await call(proxy.resume(), self.timeout + 2 * self.deps.setup_timeout + 10)
+        return await self._changed(session_id, proxy.resume(), self.timeout + 2 * self.deps.setup_timeout + 10)
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
-        return await call((await self._actor(tenant, session_id)).stop_session(), self.timeout * 2)
+        proxy = await self._actor(tenant, session_id)
+        return await self._changed(session_id, proxy.stop_session(), self.timeout * 2)
 
     async def delete(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
+        self._remember(session_id, None)
         view: dict[str, Any] = await call(proxy.delete(), self.timeout * 2)
         ref = self._actors.pop(session_id, None)
         self._tenants.pop(session_id, None)
+        self._views.pop(session_id, None)
+        self._epochs.pop(session_id, None)
         if ref is not None:
             ref.stop(block=False)
         return view
@@ -96,9 +131,11 @@ class SessionRegistry:
 
     async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None) -> TurnTicket:
         proxy = await self._actor(tenant, session_id)
+        self._remember(session_id, None)  # lastActiveAt moves with the user message
         return await call(proxy.begin_turn(content, model), self.timeout + 2 * self.deps.setup_timeout)
 
     def end_turn(self, ticket: TurnTicket) -> None:
+        self._remember(ticket.session_id, None)
         ref = self._actors.get(ticket.session_id)
         if ref is not None and ref.is_alive():
             ref.proxy().end_turn(ticket.query_id)
@@ -118,6 +155,7 @@ class SessionRegistry:
 
     def on_sandbox_lost(self, lost: SandboxLost) -> None:
         """Told by the pool (from its thread); forwarded to the session's actor with `tell`."""
+        self._remember(lost.session_id, None)
         ref = self._actors.get(lost.session_id)
         if ref is not None and ref.is_alive():
             ref.proxy().sandbox_lost(lost)

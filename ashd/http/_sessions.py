@@ -96,7 +96,7 @@ async def create_session(request: web.Request) -> web.Response:
     body = await body_object(request)
     agent_name = req_str(body, "agent", max_len=255)
     ten = tenant(request)
-    await registry.deps.resolve_agent(ten, agent_name)  # 404 before anything is written
+    agent = await registry.deps.resolve_agent(ten, agent_name)  # 404 before anything is written
     config = _create_config(body)
     credential_id = opt_str(body, "credentialId", max_len=64)
     if credential_id is not None:
@@ -109,7 +109,7 @@ async def create_session(request: web.Request) -> web.Response:
     if extra_env:
         config["extraEnvKeys"] = sorted(extra_env)
         encrypted = services.cipher.encrypt_json(extra_env, session_id.encode())
-    req = CreateRequest(session_id=session_id, tenant=ten, agent_name=agent_name,
+    req = CreateRequest(session_id=session_id, tenant=ten, agent_name=agent_name, agent=agent,
                         model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id)
     session = await registry.create(req, encrypted_env=encrypted)
     return ok({"session": session}, status=201, headers={"Location": f"/api/sessions/{session_id}"})

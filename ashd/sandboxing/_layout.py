@@ -109,16 +109,20 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
         plan.append(Mount("ro-bind", f"/etc/{name}", str(etc / name)))
     if spec.network and os.path.exists("/etc/resolv.conf"):
         plan.append(Mount("ro-bind", "/etc/resolv.conf", os.path.realpath("/etc/resolv.conf")))
-    for p in python_paths():
-        # Parents are made world-traversable explicitly: bwrap would create them 0700.
-        plan.extend(Mount("dir", str(a)) for a in reversed(Path(p).parents) if str(a) != "/")
-        plan.append(Mount("ro-bind", p, p))
+    # The private /tmp (and the other fresh mounts) come before the interpreter binds: a venv or a
+    # checkout that lives under /tmp on the host would otherwise be hidden by the new tmpfs.
     plan += [
         Mount("dir", "/home"),
         Mount("dir", "/run"),
         Mount("dev", "/dev"),
         Mount("proc", "/proc"),
         Mount("tmpfs", "/tmp"),
+    ]
+    for p in python_paths():
+        # Parents are made world-traversable explicitly: bwrap would create them 0700.
+        plan.extend(Mount("dir", str(a)) for a in reversed(Path(p).parents) if str(a) != "/")
+        plan.append(Mount("ro-bind", p, p))
+    plan += [
         Mount("bind", SANDBOX_WORKSPACE, str(spec.paths.workspace)),
         Mount("bind", SANDBOX_HOME, str(spec.paths.home)),
         Mount("bind", SANDBOX_RUN, str(spec.paths.run)),

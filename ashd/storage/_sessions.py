@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, insert, select, update
 
 from ashd.errors import NotFound
 from ashd.storage._database import Database
@@ -114,14 +114,22 @@ class Sessions:
                          extra: dict[str, Any] | None = None, **values: Any) -> Session:
         """Set the status (and other columns) and store the lifecycle event, in one transaction."""
         now = utcnow()
+        # One UPDATE sets the status, allocates the event's sequence and returns the whole row;
+        # one INSERT stores the event. Transitions are on the hot path of pause and resume.
         async with self.db.tx() as s:
-            await s.execute(update(Session).where(Session.id == session_id)
-                            .values(status=status, updated_at=now, **values))
-            seq = await allocate(s, session_id, "event")
-            s.add(SessionEvent(id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle",
-                               data=json.dumps({"action": action, "status": status, **(extra or {})}),
-                               sequence=seq, created_at=now))
-            return (await s.execute(select(Session).where(Session.id == session_id))).scalar_one()
+            result = await s.execute(
+                update(Session.__table__).where(Session.id == session_id)
+                .values(status=status, updated_at=now, next_event_seq=Session.next_event_seq + 1, **values)
+                .returning(*Session.__table__.columns)
+            )
+            mapping = result.mappings().one_or_none()
+            if mapping is None:
+                raise NotFound(f"Session {session_id} not found")
+            await s.execute(insert(SessionEvent.__table__).values(
+                id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle",
+                data=json.dumps({"action": action, "status": status, **(extra or {})}),
+                sequence=mapping["next_event_seq"], created_at=now))
+        return Session(**dict(mapping))
 
     async def reserve_events(self, session_id: str, count: int) -> int:
         async with self.db.tx() as s:
