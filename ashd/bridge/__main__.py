@@ -12,6 +12,21 @@ import logging
 import signal
 import sys
 
+# Imported lazily by the engine (the HTTP stack of the model client on the first request, the MCP
+# client when servers are configured). The fork server imports them once, so sandboxes do not.
+ZYGOTE_PRELOAD = (
+    "anyio._backends._asyncio",
+    "h11",
+    "httpcore2",
+    "httpcore2._async.connection_pool",
+    "httpcore2._backends.anyio",
+    "truststore",
+    "mcp",
+    "mcp.client.stdio",
+    "mcp.client.streamable_http",
+    "mcp.client.sse",
+)
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ashd.bridge", description="ashd in-sandbox bridge")

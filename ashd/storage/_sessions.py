@@ -117,19 +117,18 @@ class Sessions:
         # One UPDATE sets the status, allocates the event's sequence and returns the whole row;
         # one INSERT stores the event. Transitions are on the hot path of pause and resume.
         async with self.db.tx() as s:
-            result = await s.execute(
-                update(Session.__table__).where(Session.id == session_id)
+            row = (await s.execute(
+                update(Session).where(Session.id == session_id)
                 .values(status=status, updated_at=now, next_event_seq=Session.next_event_seq + 1, **values)
-                .returning(*Session.__table__.columns)
-            )
-            mapping = result.mappings().one_or_none()
-            if mapping is None:
+                .returning(Session)
+            )).scalar_one_or_none()
+            if row is None:
                 raise NotFound(f"Session {session_id} not found")
-            await s.execute(insert(SessionEvent.__table__).values(
+            await s.execute(insert(SessionEvent).values(
                 id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle",
                 data=json.dumps({"action": action, "status": status, **(extra or {})}),
-                sequence=mapping["next_event_seq"], created_at=now))
-        return Session(**dict(mapping))
+                sequence=row.next_event_seq, created_at=now))
+        return row
 
     async def reserve_events(self, session_id: str, count: int) -> int:
         async with self.db.tx() as s:
