@@ -1,35 +1,28 @@
-"""A blocking readiness probe for pre-warming: connect to the bridge socket and exchange hello/ready.
+"""A blocking readiness probe for pre-warming: wait until the bridge has bound its socket.
 
-Used from pool worker threads only (never the event loop). The bridge accepts a new connection
-after this one closes, so the session that claims the sandbox later connects normally.
+Used from pool worker threads only (never the event loop). The probe never connects: the bridge
+serves one connection at a time and a new one replaces the old, so a probe connecting late could
+take the bridge away from the session that has just claimed the sandbox. The socket file appears
+when the bridge binds it, right before it listens; a client that connects in between is refused
+and retries (`BridgeConnection.connect`).
 """
 
 from __future__ import annotations
 
-import json
-import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ashd.bridge.protocol import PROTOCOL_VERSION
 
-
-def wait_bridge_ready(socket_path: Path, timeout: float, alive: object = None) -> bool:
+def wait_bridge_ready(socket_path: Path, timeout: float, alive: Callable[[], bool] | None = None,
+                      stopping: Callable[[], bool] | None = None) -> bool:
     deadline = time.monotonic() + timeout
     delay = 0.002
     while time.monotonic() < deadline:
-        if callable(alive) and not alive():
+        if (alive is not None and not alive()) or (stopping is not None and stopping()):
             return False
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                sock.connect(str(socket_path))
-                sock.sendall(json.dumps({"type": "hello", "protocol": PROTOCOL_VERSION}).encode() + b"\n")
-                line = sock.makefile("rb").readline(1 << 20)
-                if line and json.loads(line).get("type") == "ready":
-                    return True
-        except (OSError, ValueError):
-            pass
+        if socket_path.is_socket():
+            return True
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
     return False
