@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
+from sqlalchemy.orm import Session as SyncSession
 
 from ashd.storage._engine import create_engine, normalise_url, sessionmaker
+from ashd.storage._fastpath import SqliteWriter
 from ashd.storage._migrate import migrate
 from ashd.storage._models import Meta
+
+T = TypeVar("T")
 
 
 class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine)
+        self._writer: SqliteWriter | None = None
+        if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+            self._writer = SqliteWriter(engine.url.render_as_string(hide_password=False))
+
+    async def run_tx(self, fn: Callable[[SyncSession], T]) -> T:
+        """Run `fn(session)` as one transaction (committed unless it raises), in one hop on SQLite."""
+        if self._writer is not None:
+            return await self._writer.run(fn)
+        async with self._sessions() as s, s.begin():
+            return await s.run_sync(fn)
 
     @classmethod
     async def open(cls, url: str) -> Database:
@@ -52,4 +68,6 @@ class Database:
             return (await s.execute(select(Meta.value).where(Meta.name == name))).scalar_one_or_none()
 
     async def close(self) -> None:
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
         await self.engine.dispose()

@@ -6,6 +6,7 @@ from typing import Literal
 
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
+from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import NotFound
 from ashd.storage._models import Session
@@ -18,6 +19,17 @@ async def allocate(db: OrmSession, session_id: str, kind: Literal["message", "ev
         update(Session).where(Session.id == session_id).values({column: column + count}).returning(column)
     )
     last = result.scalar_one_or_none()
+    if last is None:
+        raise NotFound(f"Session {session_id} not found")
+    return int(last) - count + 1
+
+
+def allocate_sync(db: SyncSession, session_id: str, kind: Literal["message", "event"], count: int = 1) -> int:
+    """`allocate` for transactions run with `Database.run_tx`."""
+    column = Session.next_message_seq if kind == "message" else Session.next_event_seq
+    last = db.execute(
+        update(Session).where(Session.id == session_id).values({column: column + count}).returning(column)
+    ).scalar_one_or_none()
     if last is None:
         raise NotFound(f"Session {session_id} not found")
     return int(last) - count + 1

@@ -122,3 +122,36 @@ async def test_key_never_logged(aiohttp_client: Any, settings: Settings, caplog:
     finally:
         await api.client.close()
         await server.stop()
+
+
+async def test_api_keys_lifecycle_and_tenants(aiohttp_client: Any, settings: Settings) -> None:
+    server, api = await start_api(aiohttp_client, settings.with_(internal_secret="s3cret"))
+    try:
+        status, body = await api.call("POST", "/api/api-keys", json={"label": "ci"})
+        assert status == 201 and body["key"].startswith("ashd_")
+        new_key, new_id = body["key"], body["id"]
+        status, body = await api.call("GET", "/api/api-keys", key=new_key)
+        listed = {k["id"]: k for k in body["keys"]}
+        assert new_id in listed and listed[new_id]["label"] == "ci"
+        assert all("key" not in k for k in body["keys"])  # only the prefix is ever shown
+        assert listed[new_id]["keyPrefix"] == new_key[:12]
+
+        # operators mint keys for other tenants with the internal secret
+        status, body = await api.call("POST", "/api/internal/api-keys", json={"tenantId": "acme"},
+                                      headers={"Authorization": "Bearer s3cret"})
+        assert status == 201 and body["tenantId"] == "acme"
+        acme_key = body["key"]
+        status, body = await api.call("GET", "/api/api-keys", key=acme_key)
+        assert [k["id"] for k in body["keys"]] == [body["keys"][0]["id"]] and new_id not in {k["id"] for k in body["keys"]}
+        status, body = await api.call("DELETE", f"/api/api-keys/{new_id}", key=acme_key)
+        assert status == 404  # another tenant's key
+
+        status, body = await api.call("DELETE", f"/api/api-keys/{new_id}")
+        assert status == 200 and body == {"ok": True}
+        status, body = await api.call("GET", "/api/api-keys", key=new_key)
+        assert status == 401 and body["error"] == "Invalid API key"  # revoked at once on this server
+        status, body = await api.call("POST", "/api/internal/api-keys", json={"tenantId": "x"})
+        assert status == 401
+    finally:
+        await api.client.close()
+        await server.stop()
