@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
@@ -34,13 +34,13 @@ def create_engine(url: str) -> AsyncEngine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, pool_size=4, max_overflow=4, pool_pre_ping=False)
-        _sqlite_pragmas(engine)
+        install_sqlite_pragmas(engine.sync_engine)
         return engine
     return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
 
-def _sqlite_pragmas(engine: AsyncEngine) -> None:
-    sync_engine = engine.sync_engine
+def install_sqlite_pragmas(sync_engine: Engine) -> None:
+    """WAL, NORMAL sync, busy timeout, foreign keys, and BEGIN IMMEDIATE for every transaction."""
 
     @event.listens_for(sync_engine, "connect")
     def on_connect(dbapi_conn: Any, _record: Any) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as SyncSession
 from sqlalchemy.orm import sessionmaker
+
+from ashd.storage._engine import install_sqlite_pragmas
 
 T = TypeVar("T")
 
@@ -28,7 +30,7 @@ class SqliteWriter:
     def __init__(self, async_url: str) -> None:
         url = make_url(async_url).set(drivername="sqlite")
         self.engine: Engine = create_sync_engine(url, pool_size=1, max_overflow=0)
-        _pragmas(self.engine)
+        install_sqlite_pragmas(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
 
@@ -43,18 +45,3 @@ class SqliteWriter:
         self._thread.shutdown(wait=True)
         self.engine.dispose()
 
-
-def _pragmas(engine: Engine) -> None:
-    @event.listens_for(engine, "connect")
-    def on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=10000")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")

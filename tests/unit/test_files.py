@@ -19,16 +19,7 @@ from ashd.storage._files import (
     read_for_json,
     resolve_file,
 )
-
-
-def write(root: Path, rel: str, data: bytes | str = "x") -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        path.write_text(data)
-    else:
-        path.write_bytes(data)
-    return path
+from tests.fixtures.files import write
 
 
 @pytest.fixture

@@ -28,16 +28,7 @@ from ashd.storage._snapshots import (
     snapshot_workspace,
 )
 from ashd.storage._snapshots_reader import SnapshotReader
-
-
-def write(root: Path, rel: str, data: bytes | str = "x") -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        path.write_text(data)
-    else:
-        path.write_bytes(data)
-    return path
+from tests.fixtures.files import write
 
 
 def tree(root: Path) -> dict[str, bytes]:
