@@ -236,6 +236,10 @@ class SessionActor(AioActor):
         """The live workspace when this session has a sandbox, else None (use the snapshot)."""
         return self.handle.paths.workspace if self.handle is not None else None
 
+    def retirable(self) -> bool:
+        """True when this actor holds nothing: no sandbox, no turn (its thread can be let go)."""
+        return self.handle is None and self.turn is None
+
     def running_turn(self) -> str | None:
         return self.turn.query_id if self.turn else None
 

@@ -17,6 +17,7 @@ from ashd.actors._aio import call
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
+from ashd.errors import Unavailable
 from ashd.storage._models import Session, new_id
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class SessionRegistry:
         # `_epochs` keeps a slow read from storing a view older than a change made meanwhile.
         self._views: dict[str, dict[str, Any]] = {}
         self._epochs: dict[str, int] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
     @property
@@ -112,7 +114,27 @@ class SessionRegistry:
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
-        return await self._changed(session_id, proxy.stop_session(), self.timeout * 2)
+        view = await self._changed(session_id, proxy.stop_session(), self.timeout * 2)
+        await self._retire(session_id)
+        return view
+
+    async def _retire(self, session_id: str) -> None:
+        """Stop the actor of a session that has no sandbox and no turn: one thread per live session,
+        not per session ever seen. The next request for it starts a new actor from storage."""
+        ref = self._actors.get(session_id)
+        if ref is None or not ref.is_alive():
+            return
+        try:
+            retirable = await call(ref.proxy().retirable(), self.timeout)
+        except Unavailable:
+            return
+        if retirable:
+            async with self._lock:
+                if self._actors.get(session_id) is ref:
+                    del self._actors[session_id]
+                    self._tenants.pop(session_id, None)
+                    self._views.pop(session_id, None)
+                    ref.stop(block=False)
 
     async def delete(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
@@ -159,6 +181,9 @@ class SessionRegistry:
         ref = self._actors.get(lost.session_id)
         if ref is not None and ref.is_alive():
             ref.proxy().sandbox_lost(lost)
+            task = asyncio.get_running_loop().create_task(self._retire(lost.session_id))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     async def running_count(self) -> int:
         busy = 0
@@ -167,7 +192,12 @@ class SessionRegistry:
                 busy += 1
         return busy
 
+    def live_actors(self) -> int:
+        return sum(1 for ref in self._actors.values() if ref.is_alive())
+
     async def stop_all(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
         refs = list(self._actors.values())
         self._actors.clear()
         self._tenants.clear()

@@ -100,3 +100,20 @@ async def test_create_message_pause_resume_delete(sapi: Api, fake_model: FakeMod
     status, body = await sapi.call("GET", f"/api/sessions/{sid}/messages")
     assert status == 200 and len(body["messages"]) >= 4
 
+
+
+async def test_actors_are_let_go_when_they_hold_nothing(sapi: Api) -> None:
+    await deploy(sapi)
+    registry = sapi.server.services.sessions  # type: ignore[union-attr]
+    sid = (await create(sapi))["id"]
+    assert registry.live_actors() == 1
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/stop")
+    assert status == 200 and body["session"]["status"] == "stopped"
+    assert registry.live_actors() == 0  # no sandbox, no turn: no thread kept for it
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}")
+    assert status == 200 and body["session"]["status"] == "stopped"
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+    assert status == 200 and body["session"]["status"] == "active"
+    assert registry.live_actors() == 1
+    status, body = await sapi.call("DELETE", f"/api/sessions/{sid}")
+    assert status == 200 and registry.live_actors() == 0
