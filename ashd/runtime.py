@@ -121,11 +121,15 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
         snapshots.snapshot(session_id, workspace).get(timeout=settings.actor_timeout_seconds)
 
     capacity = settings.max_sandboxes or default_capacity(limits.memory_bytes)
+    from ashd.actors._warmer import Warmer
+
+    warmer = Warmer(loop, model_proxy, settings.actor_timeout_seconds)
+    stops.append(("warmer", warmer.close))
     pool_ref = PoolActor.start(
         PoolConfig(max_capacity=capacity, prewarm=min(settings.prewarm, capacity),
                    idle_timeout=float(settings.idle_timeout_seconds),
                    shutdown_grace=min(2.0, settings.shutdown_grace_seconds)),
-        launcher, spec_for, snapshot_now, on_lost,
+        launcher, spec_for, snapshot_now, on_lost, warmer,
     )
     pool_proxy = pool_ref.proxy()
     board = await call(pool_proxy.board, settings.actor_timeout_seconds)
@@ -149,6 +153,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
         shutdown_grace=min(2.0, settings.shutdown_grace_seconds),
         network_default=settings.sandbox_network,
         sandbox_owner=lambda _sid: _sandbox_owner(),
+        warmer=warmer,
     )
     registry = SessionRegistry(deps)
     registry_holder["r"] = registry

@@ -55,6 +55,7 @@ class _Entry:
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
     configured: bool = False
+    prepared: bool = False  # the warmer holds a connection to its bridge
 
     @property
     def generic(self) -> bool:
@@ -87,8 +88,10 @@ class PoolActor(AioActor):
         spec_for: Callable[[str, bool], SandboxSpec],
         snapshot: Callable[[str, Any], None] | None,
         on_lost: Callable[[SandboxLost], None],
+        warmer: Any = None,
     ) -> None:
         super().__init__()
+        self._warmer = warmer  # loop-side preparation of warm sandboxes (connection, model proxy)
         self.config = config
         self.board = StatsBoard({})
         self._launcher = launcher
@@ -237,6 +240,9 @@ class PoolActor(AioActor):
         elif entry.state is PoolState.WARMING and entry.session_id is None:
             entry.state = PoolState.WARM
             entry.ready = True
+            if self._warmer is not None:
+                entry.prepared = True
+                self._warmer.prepare(sandbox_id, self._launcher.paths_for(sandbox_id))
         self._publish()
 
     def _exited(self, sandbox_id: str, info: ExitInfo) -> None:
@@ -376,6 +382,8 @@ class PoolActor(AioActor):
             self.actor_ref.tell(_Call("_became_ready", (sandbox_id, ok)))
 
     def _destroy_now(self, entry: _Entry) -> None:
+        if entry.prepared and entry.session_id is None and self._warmer is not None:
+            self._warmer.discard(entry.sandbox_id)  # never claimed: nobody else closes its connection
         try:
             if entry.proc is not None:
                 rung = entry.proc.shutdown(None, grace=self.config.shutdown_grace)

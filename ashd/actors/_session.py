@@ -146,10 +146,18 @@ class SessionActor(AioActor):
         """One trip to the loop: the model proxy socket, the bridge connection and its init."""
         from ashd.sandboxing._bridge_client import BridgeConnection
 
-        if self.deps.model_proxy is not None:
-            await self.deps.model_proxy.start_for(handle.sandbox_id, handle.paths.model_socket)
-
-        conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
+        prepared = self.deps.warmer.take(handle.sandbox_id) if self.deps.warmer is not None else None
+        conn = None
+        if prepared is not None:
+            try:
+                conn = await prepared  # made while the sandbox waited in the pool
+            except Exception:  # fall back to connecting now; the cause is logged below
+                log.warning("prepared bridge connection failed; connecting again",
+                            extra={"sandboxId": handle.sandbox_id}, exc_info=True)
+        if conn is None:
+            if self.deps.model_proxy is not None:
+                await self.deps.model_proxy.start_for(handle.sandbox_id, handle.paths.model_socket)
+            conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
         try:
             await conn.init(init, timeout=2 * self.deps.setup_timeout)
         except BaseException:
@@ -278,6 +286,8 @@ class SessionActor(AioActor):
                 log.debug("bridge shutdown request failed", extra={"sessionId": self.session_id})
         handle, self.handle = self.handle, None
         if handle is not None:
+            if self.deps.warmer is not None:
+                self.deps.warmer.discard(handle.sandbox_id)  # a preparation nobody took
             if self.deps.model_proxy is not None:
                 try:
                     self.deps.run(self.deps.model_proxy.stop_for(handle.sandbox_id))

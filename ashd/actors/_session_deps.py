@@ -30,6 +30,7 @@ class SessionDeps:
     shutdown_grace: float
     network_default: bool
     sandbox_owner: Callable[[str], tuple[int, int] | None]
+    warmer: Any = None  # Warmer: connections made while a sandbox waited in the pool
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the event loop from an actor thread and wait for its result."""

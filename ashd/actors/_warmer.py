@@ -1,0 +1,69 @@
+"""Loop-side preparation of pre-warmed sandboxes: the bridge connection and the model proxy socket
+are made while the sandbox waits in the pool, so a claim only has to send `init`.
+
+The pool tells `prepare` (from its thread) when a generic sandbox becomes warm, and `discard` when
+one it never handed out is destroyed. A claimer takes the preparation with `take`; the pool only
+prepares sandboxes nobody has claimed, and the task is created before the claim can be answered,
+so a claimer never races the warmer for the bridge's single connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from ashd.sandboxing._types import SandboxPaths
+
+log = logging.getLogger(__name__)
+
+
+class Warmer:
+    def __init__(self, loop: asyncio.AbstractEventLoop, model_proxy: Any, connect_timeout: float) -> None:
+        self._loop = loop
+        self._proxy = model_proxy
+        self._timeout = connect_timeout
+        self._ready: dict[str, asyncio.Task[Any]] = {}
+
+    # --- called from the pool's thread ---------------------------------------------------------
+    def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            self._loop.call_soon_threadsafe(self._start, sandbox_id, paths)
+
+    def discard(self, sandbox_id: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._drop, sandbox_id)
+
+    # --- on the loop ---------------------------------------------------------------------------
+    def _start(self, sandbox_id: str, paths: SandboxPaths) -> None:
+        if sandbox_id not in self._ready:
+            self._ready[sandbox_id] = self._loop.create_task(self._connect(sandbox_id, paths))
+
+    async def _connect(self, sandbox_id: str, paths: SandboxPaths) -> Any:
+        from ashd.sandboxing._bridge_client import BridgeConnection
+
+        if self._proxy is not None:
+            await self._proxy.start_for(sandbox_id, paths.model_socket)
+        return await BridgeConnection.connect(str(paths.bridge_socket), timeout=self._timeout)
+
+    def take(self, sandbox_id: str) -> asyncio.Task[Any] | None:
+        return self._ready.pop(sandbox_id, None)
+
+    def _drop(self, sandbox_id: str) -> None:
+        task = self._ready.pop(sandbox_id, None)
+        if task is not None:
+            self._loop.create_task(self._close(sandbox_id, task))
+
+    async def _close(self, sandbox_id: str, task: asyncio.Task[Any]) -> None:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            conn = await task
+            await conn.close()
+        if self._proxy is not None:
+            await self._proxy.stop_for(sandbox_id)
+
+    async def close(self) -> None:
+        for sandbox_id in list(self._ready):
+            task = self._ready.pop(sandbox_id)
+            await self._close(sandbox_id, task)
