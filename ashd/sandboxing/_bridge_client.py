@@ -40,6 +40,7 @@ async def wait_ready(socket_path: str, timeout: float) -> socket.socket:
     """Connect, retrying while the bridge is still starting (no socket yet, or refused)."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + timeout
+    delay = 0.001  # a fresh bridge listens within milliseconds: poll fast first, then back off
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -53,7 +54,8 @@ async def wait_ready(socket_path: str, timeout: float) -> socket.socket:
                 raise SandboxError(
                     f"bridge did not start listening on {socket_path} within {timeout:.0f}s ({exc})"
                 ) from exc
-            await asyncio.sleep(_CONNECT_RETRY_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _CONNECT_RETRY_S)
         except BaseException:
             sock.close()
             raise
