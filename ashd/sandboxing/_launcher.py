@@ -129,6 +129,11 @@ class SandboxLauncher:
 
     # -- directories -----------------------------------------------------------------------------
 
+    def process(self, sandbox_id: str) -> SandboxProcess | None:
+        """The running sandbox with this id (operators' tools and tests), or None."""
+        with self._lock:
+            return self._running.get(sandbox_id)
+
     def paths_for(self, sandbox_id: str) -> SandboxPaths:
         if not _ID.match(sandbox_id):
             raise SandboxError(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_', '-', '.'")

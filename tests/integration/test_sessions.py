@@ -117,3 +117,29 @@ async def test_actors_are_let_go_when_they_hold_nothing(sapi: Api) -> None:
     assert registry.live_actors() == 1
     status, body = await sapi.call("DELETE", f"/api/sessions/{sid}")
     assert status == 200 and registry.live_actors() == 0
+
+
+async def test_sandbox_killed_mid_turn_gives_error_then_done_and_recovers(sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    fake_model.script("SLOW-CRASH", [{"content": [{"type": "text", "text": "x" * 4000}], "chunk": 8, "delay": 0.01}])
+    resp = await sapi.client.post(f"/api/sessions/{sid}/messages",
+                                  json={"content": "SLOW-CRASH", "includePartialMessages": True}, headers=sapi.headers())
+    assert resp.status == 200
+    await resp.content.readline()  # the stream has started
+    services = sapi.server.services
+    assert services is not None
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}")
+    proc = services.extras["launcher"].process(body["session"]["sandboxId"])
+    assert proc is not None
+    proc.kill()
+    frames = parse_frames((await resp.content.read()).decode())
+    errors = [f for f in frames if f.event == "error"]
+    assert len(errors) == 1 and "sandbox" in errors[0].data["error"]
+    assert frames[-1].event == "done" and [f.event for f in frames].count("done") == 1
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}/events?type=error")
+    assert any("sandbox" in e["data"] for e in body["events"])
+    # the next message brings the session back on a new sandbox, with its history
+    status, frames = await send(sapi, sid, "after the crash")
+    assert status == 200 and frames[-1].event == "done"
+    assert "SLOW-CRASH" in str(fake_model.requests_containing("after the crash")[0]["body"]["messages"])
