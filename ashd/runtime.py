@@ -53,6 +53,11 @@ def sandbox_env() -> dict[str, str]:
 async def start(services: Services) -> list[tuple[str, StopStep]]:
     settings = services.settings
     stops: list[tuple[str, StopStep]] = []
+    if settings.mode == "coordinator":
+        # The runner registry endpoints work, but routing sessions to runners is not built yet:
+        # say so instead of silently behaving like standalone.
+        log.warning("SERVICE_MODE=coordinator: sessions are not routed to runners yet; they run in this "
+                    "server's local sandbox pool (the runner registry endpoints are available)")
     loop = asyncio.get_running_loop()
     limits = SandboxLimits(memory_bytes=settings.sandbox_memory_mb * 1024 * 1024, pids=settings.sandbox_pids,
                            cpu_cores=settings.sandbox_cpu)
