@@ -20,6 +20,23 @@ def _capped(data: bytes) -> str:
     return text
 
 
+async def communicate(proc: asyncio.subprocess.Process, timeout: float) -> tuple[bytes, bytes, bool]:
+    """Collect a process group's output; kill the whole group on timeout or cancellation.
+    Returns (stdout, stderr, timed_out)."""
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        return out, err or b"", False
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = await proc.communicate()
+        return out, err or b"", True
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
 async def run_exec(argv: Any, timeout: Any, workspace: Path, env: dict[str, str]) -> dict[str, Any]:
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         return {"exitCode": -1, "stdout": "", "stderr": "exec: 'argv' must be a non-empty list of strings"}
@@ -36,18 +53,7 @@ async def run_exec(argv: Any, timeout: Any, workspace: Path, env: dict[str, str]
         )
     except OSError as exc:
         return {"exitCode": 127, "stdout": "", "stderr": f"exec: cannot start {argv[0]}: {exc}"}
-    timed_out = False
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), limit)
-    except TimeoutError:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = await proc.communicate()
-    except asyncio.CancelledError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise
+    out, err, timed_out = await communicate(proc, limit)
     stderr = _capped(err)
     if timed_out:
         stderr += f"\nexec: timed out after {limit:g}s"

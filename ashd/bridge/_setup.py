@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from ashd.bridge._exec import communicate
 
 LogFn = Callable[[str, str], Awaitable[None]]
 DEFAULT_TIMEOUT_S = 300.0
@@ -41,14 +41,7 @@ async def _run_step(
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
-    timed_out = False
-    try:
-        output, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = await proc.communicate()
+    output, _, timed_out = await communicate(proc, timeout)
     text = output.decode(errors="replace")
     log_path.write_text(text)
     for line in text.splitlines()[-200:]:
