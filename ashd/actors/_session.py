@@ -172,10 +172,11 @@ class SessionActor(AioActor):
             raise BadRequest(f"Session is {row.status}; only an active session can be paused")
         if self.turn is not None:
             raise Conflict("A turn is running; interrupt it or wait for it to finish before pausing")
-        if self.handle is not None and self.deps.snapshots is not None:
-            # Off the request path: the snapshot actor works while the client already has its answer.
-            self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace)
         self.row = self._transition("paused", "paused")
+        if self.handle is not None and self.deps.snapshots is not None:
+            # Off the request path, and only once the status is stored: the snapshot actor's tar work
+            # would otherwise compete with the transition for the interpreter.
+            self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace)
         return session_json(self.row)
 
     def stop_session(self) -> dict[str, Any]:
