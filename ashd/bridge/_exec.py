@@ -20,6 +20,20 @@ def _capped(data: bytes) -> str:
     return text
 
 
+async def spawn(argv: list[str], workspace: Path, env: dict[str, str], *,
+                merge_stderr: bool = False) -> asyncio.subprocess.Process:
+    """Start a program in the workspace in a process group of its own (so it can be killed whole)."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=str(workspace),
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
 async def communicate(proc: asyncio.subprocess.Process, timeout: float) -> tuple[bytes, bytes, bool]:
     """Collect a process group's output; kill the whole group on timeout or cancellation.
     Returns (stdout, stderr, timed_out)."""
@@ -42,15 +56,7 @@ async def run_exec(argv: Any, timeout: Any, workspace: Path, env: dict[str, str]
         return {"exitCode": -1, "stdout": "", "stderr": "exec: 'argv' must be a non-empty list of strings"}
     limit = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else DEFAULT_TIMEOUT_S
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=str(workspace),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
+        proc = await spawn(argv, workspace, env)
     except OSError as exc:
         return {"exitCode": 127, "stdout": "", "stderr": f"exec: cannot start {argv[0]}: {exc}"}
     out, err, timed_out = await communicate(proc, limit)

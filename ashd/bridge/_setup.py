@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ashd.bridge._exec import communicate
+from ashd.bridge._exec import communicate, spawn
 
 LogFn = Callable[[str, str], Awaitable[None]]
 DEFAULT_TIMEOUT_S = 300.0
@@ -32,15 +31,7 @@ async def _run_step(
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{name}.log"
     await log("info", f"setup: running {' '.join(argv)}")
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=str(workspace),
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = await spawn(argv, workspace, env, merge_stderr=True)
     output, _, timed_out = await communicate(proc, timeout)
     text = output.decode(errors="replace")
     log_path.write_text(text)
