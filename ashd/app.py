@@ -15,7 +15,7 @@ from contextlib import suppress
 from aiohttp import web
 
 from ashd import __version__
-from ashd._bootstrap import ensure_api_keys, prepare_data_dir
+from ashd._bootstrap import ensure_api_keys, ensure_internal_secret, prepare_data_dir
 from ashd.config import Settings
 from ashd.http._app import build_app
 from ashd.http._auth import KeyCache
@@ -55,6 +55,7 @@ class Server:
             key_cache=KeyCache(),
             rate_limiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
             metrics=Metrics(),
+            internal_secret=ensure_internal_secret(settings),
         )
         self.services = services
         from ashd import runtime  # actors and sandboxes; imported late to keep the CLI light

@@ -119,8 +119,9 @@ OPTIONS: tuple[Option, ...] = (
            "An API key for tenant `default`. Without it (and with no key stored) the first start "
            "generates one into `<data dir>/initial-api-key`.", _opt_text, secret=True),
     Option("SERVICE_INTERNAL_SECRET", "internal_secret", "string", None,
-           "Bearer secret for every `/api/internal/*` endpoint. Required in coordinator mode.",
-           _opt_text, secret=True),
+           "Bearer secret for every `/api/internal/*` endpoint (always required). Unset: generated "
+           "once into `<data dir>/internal-secret` (mode 0600). Must be set, to the same value, on "
+           "coordinators and runners.", _opt_text, secret=True),
     Option("SERVICE_MAX_SANDBOXES", "max_sandboxes", "integer ≥ 1", None,
            "Pool capacity. Default: host memory / per-sandbox memory limit, capped at 1000.", _int_min(1)),
     Option("SERVICE_SNAPSHOT_URL", "snapshot_url", "`s3://bucket/prefix` or `file:///path`", None,
@@ -267,6 +268,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(**values)
     if settings.mode == "coordinator" and not settings.internal_secret:
         problems.append("SERVICE_INTERNAL_SECRET must be set when SERVICE_MODE=coordinator")
+    if (settings.server_url or settings.runner_id) and not settings.internal_secret:
+        # A runner proves itself to its coordinator with the shared secret; a generated one cannot match.
+        problems.append("SERVICE_INTERNAL_SECRET must be set on a runner (SERVICE_SERVER_URL or "
+                        "SERVICE_RUNNER_ID given), to the coordinator's value")
     if problems:
         raise ConfigError("; ".join(problems))
     return settings

@@ -32,6 +32,8 @@ class Services:
     key_cache: KeyCache
     rate_limiter: RateLimiter
     metrics: Metrics
+    # The bearer secret of /api/internal/*: SERVICE_INTERNAL_SECRET or the generated one. Never empty.
+    internal_secret: str = field(repr=False)
     started_at: float = field(default_factory=time.monotonic)
     coordinator_id: str = field(default_factory=coordinator_id)
     # Filled by later start steps (actors); typed loosely here to keep this module a leaf.

@@ -91,8 +91,9 @@ PATHS: dict[str, dict[str, Any]] = {
                    request=body(obj({"label": STR}), required=False)),
     },
     "/api/api-keys/{id}": {
-        "delete": op("deleteApiKey", "Delete an API key of the caller's tenant", "api-keys",
-                     {200: reply("Deleted", ref("Ok"))}, errors=(404,),
+        "delete": op("deleteApiKey", "Revoke an API key of the caller's tenant (409 for the key of "
+                     "SERVICE_API_KEY: change the setting instead)", "api-keys",
+                     {200: reply("Deleted", ref("Ok"))}, errors=(404, 409),
                      params=[path_param("id", "API key id", fmt="uuid")]),
     },
 }
