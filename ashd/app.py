@@ -58,6 +58,10 @@ class Server:
             internal_secret=ensure_internal_secret(settings),
         )
         self.services = services
+        from ashd.http._health import warnings
+
+        for warning in await warnings(services):
+            log.warning(warning)
         from ashd import runtime  # actors and sandboxes; imported late to keep the CLI light
 
         for name, stop in await runtime.start(services):

@@ -141,9 +141,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_DATA_DIR", "data_dir", "path", "./data",
            "Database, generated keys, agents, sandboxes and snapshots live here.", _text),
     Option("SERVICE_AGENT_ROOTS", "agent_roots", "paths separated by `:`", None,
-           "Directories under which `POST /api/agents` may register a `path`. Unset: any directory "
-           "with AGENT.md outside the data dir's own folders. Set it when tenants are not trusted "
-           "with the server's filesystem.", _opt_text),
+           "Directories under which `POST /api/agents` may register a `path`: tenant `default` "
+           "anywhere under them, other tenants only under `<root>/<tenant>/`. Unset: tenant `default` "
+           "may use any folder with AGENT.md (never /proc, /sys, /dev or the data dir), other tenants "
+           "only `<data dir>/library/<tenant>/`. See docs/security.md.", _opt_text),
     Option("SERVICE_LOG_LEVEL", "log_level", "`debug` `info` `warning` `error`", "info",
            "Minimum level of the JSON log lines on stderr.", _choice("debug", "info", "warning", "error")),
     Option("SERVICE_RATE_LIMIT_RPS", "rate_limit_rps", "number > 0", 50.0,

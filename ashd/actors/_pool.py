@@ -350,7 +350,9 @@ class PoolActor(AioActor):
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
             log.exception("sandbox launch failed", extra={"sandboxId": sandbox_id})
-            raise SandboxError(f"Sandbox could not be started: {exc}") from exc
+            # The exception's text may name host paths; clients get its kind, the log the rest.
+            raise SandboxError(f"Sandbox could not be started ({type(exc).__name__}); the details are in "
+                               "the server log") from exc
         entry.state = PoolState.WARMING
         return entry
 

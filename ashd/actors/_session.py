@@ -56,8 +56,10 @@ class SessionActor(AioActor):
             raise
         except Exception as exc:
             log.exception("session creation failed", extra={"sessionId": self.session_id})
-            self._fail(f"sandbox creation failed: {exc}")
-            raise SandboxError(f"Sandbox creation failed: {exc}") from exc
+            # The exception's text names host paths (data dir, sandbox dirs): it stays in the log.
+            self._fail(f"sandbox creation failed ({type(exc).__name__}); the details are in the server log")
+            raise SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in the "
+                               "server log") from exc
         self.row = self._transition("active", "created", sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
@@ -78,7 +80,8 @@ class SessionActor(AioActor):
                 raise
             except Exception as exc:
                 log.exception("cold resume failed", extra={"sessionId": self.session_id})
-                raise SandboxError(f"A new sandbox could not be created for cold resume: {exc}") from exc
+                raise SandboxError(f"A new sandbox could not be created for cold resume ({type(exc).__name__}); "
+                                   "the details are in the server log") from exc
         self.row = self._transition("active", "resumed", extra={"path": path},
                                     sandbox_id=self.handle.sandbox_id if self.handle else "", error=None)
         self.deps.pool.count_resume(path)

@@ -29,6 +29,14 @@ async def active_sessions(services: Services) -> int:
                    .scalar_one())
 
 
+async def warnings(services: Services) -> list[str]:
+    """Configuration an operator should fix, also logged at start (`ashd.app`)."""
+    from ashd.storage._agent_paths import roots_warning
+
+    found = roots_warning(bool(services.settings.agent_root_paths), await services.api_keys.has_other_tenants())
+    return [found] if found else []
+
+
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
@@ -42,6 +50,7 @@ async def health(request: web.Request) -> web.Response:
         "uptime": services.uptime(),
         "pool": dict(stats),
         "mode": services.settings.mode,
+        "warnings": await warnings(services),
     }
     if services.runners is not None:
         body["remoteRunners"] = int(services.extras.get("remote_runners", 0))

@@ -143,6 +143,8 @@ SCHEMAS: dict[str, Schema] = {
         "activeSessions": INT, "activeSandboxes": INT, "remoteRunners": INT, "uptime": INT,
         "pool": ref("PoolStats"), "mode": {"type": "string", "enum": ["standalone", "coordinator"]},
         "isolation": {"type": "object"},
+        "warnings": {"type": "array", "items": STR,
+                     "description": "configuration an operator should fix (also logged at start)"},
     }, ("status", "activeSessions", "activeSandboxes", "uptime", "pool")),
     "ApiKey": obj({"id": UUID, "label": NULL_STR, "keyPrefix": STR, "createdAt": TIME,
                    "lastUsedAt": NULL_TIME}, ("id", "keyPrefix", "createdAt")),

@@ -16,7 +16,6 @@ Blocking file work runs in threads (`asyncio.to_thread`), never on the event loo
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 import shutil
@@ -31,6 +30,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ashd.errors import BadRequest, NotFound
+from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
 from ashd.storage._models import Agent, iso, new_id, utcnow
@@ -50,9 +50,6 @@ MAX_PATH_CHARS = 1024
 MAX_ENV_VARS = 200
 MAX_ENV_VALUE_CHARS = 32 * 1024
 MASK = "***"
-# Server-owned parts of the data dir that a `path` deploy may not point into: they hold other
-# tenants' agents, workspaces and snapshots.
-RESERVED_DATA_DIRS = frozenset({"agents", "sandboxes", "snapshots", "attachments", "zygote", "tmp"})
 _DEPLOY_ATTEMPTS = 5
 
 
@@ -166,13 +163,6 @@ def check_files(files: Sequence[AgentFile]) -> list[AgentFile]:
     return list(cleaned.values())
 
 
-def tenant_dir_name(tenant: str) -> str:
-    """A directory name for a tenant id that is safe whatever the id contains."""
-    if NAME_RE.match(tenant) and len(tenant) <= 64:
-        return tenant
-    return "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
-
-
 def _env_aad(tenant: str, agent_id: str) -> bytes:
     return f"agent-env:{tenant}:{agent_id}".encode()
 
@@ -196,11 +186,11 @@ class Agents:
     """The agent repository of one server: database rows plus managed folders under the data dir."""
 
     def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = ()) -> None:
-        self._roots = roots
         self._db = db
         self._cipher = cipher
         self._data_dir = data_dir.resolve()
         self._root = self._data_dir / "agents"
+        self.paths = AgentPathPolicy(self._data_dir, roots)
 
     @classmethod
     def of(cls, services: Services) -> Agents:
@@ -234,14 +224,22 @@ class Agents:
             )).scalars().all()
         return [self._to_record(r) for r in rows]
 
+    def _checked_path(self, row: Agent) -> Path:
+        # A client's folder is checked again at every use: the policy (SERVICE_AGENT_ROOTS) may
+        # have changed since the deploy. Server-managed folders are the server's own.
+        if row.managed:
+            return Path(row.path)
+        return self.paths.recheck(row.path, row.tenant_id, row.name)
+
     async def resolve(self, tenant: str, name: str) -> AgentView:
         row = await self._row(tenant, name)
-        return AgentView(id=row.id, name=row.name, version=row.version, path=row.path, model=row.model,
-                         env=MappingProxyType(self._env(row)), network=row.network)
+        return AgentView(id=row.id, name=row.name, version=row.version, path=str(self._checked_path(row)),
+                         model=row.model, env=MappingProxyType(self._env(row)), network=row.network)
 
     async def folder(self, tenant: str, name: str) -> Path:
-        """The agent's directory, for file listing and reading."""
-        return Path((await self._row(tenant, name)).path)
+        """The agent's directory (canonical), for file listing and reading: open it with
+        `_agent_paths.open_dir`, never by following its name."""
+        return self._checked_path(await self._row(tenant, name))
 
     # --- writing ---
 
@@ -257,7 +255,7 @@ class Agents:
         if path is not None and (files or system_prompt is not None):
             raise BadRequest("give either `path` or `files`/`systemPrompt`, not both")
         if path is not None:
-            folder = await asyncio.to_thread(self._check_folder, path)
+            folder = await asyncio.to_thread(self.paths.check, path, tenant)
             return await self._upsert(tenant, name, folder, None, model, env, network)
         if not files and system_prompt is None:
             raise BadRequest("`path` is required (or upload the agent with `files` and/or `systemPrompt`)")
@@ -315,26 +313,6 @@ class Agents:
         if not env:
             return None
         return self._cipher.encrypt_json(dict(env), _env_aad(tenant, agent_id))
-
-    def _check_folder(self, raw: str) -> Path:
-        """Resolve a `path` deploy (relative to the data dir) and check it is an agent folder."""
-        if "\x00" in raw or not raw.strip():
-            raise BadRequest("`path` must be a directory path")
-        folder = (self._data_dir / Path(raw).expanduser()).resolve()
-        if folder == self._data_dir or self._data_dir.is_relative_to(folder):
-            raise BadRequest(f"`path` {raw!r} contains the server's data directory and cannot be an agent")
-        if folder.is_relative_to(self._data_dir):
-            top = folder.relative_to(self._data_dir).parts[0]
-            if top in RESERVED_DATA_DIRS or top.startswith("."):
-                raise BadRequest(f"`path` {raw!r} points into the server-owned {top!r} directory")
-        if self._roots and not any(folder.is_relative_to(root) for root in self._roots):
-            raise BadRequest(f"`path` {raw!r} is outside the directories agents may be deployed from "
-                             "(SERVICE_AGENT_ROOTS); upload the files instead")
-        if not folder.is_dir():
-            raise BadRequest(f"`path` {raw!r} is not a directory on the server (resolved to {folder})")
-        if not (folder / SYSTEM_PROMPT_FILE).is_file():
-            raise BadRequest(f"directory {folder} lacks {SYSTEM_PROMPT_FILE}")
-        return folder
 
     def _materialise(self, base: Path, files: Sequence[AgentFile]) -> Path:
         staging = base / f".staging-{uuid.uuid4().hex}"

@@ -69,6 +69,12 @@ class ApiKeys:
         async with self._db.read() as s:
             return len((await s.execute(select(ApiKey.id).limit(1))).all())
 
+    async def has_other_tenants(self) -> bool:
+        """True when some key belongs to a tenant other than `default`."""
+        async with self._db.read() as s:
+            row = (await s.execute(select(ApiKey.id).where(ApiKey.tenant_id != DEFAULT_TENANT).limit(1))).first()
+        return row is not None
+
     async def list(self, tenant_id: str) -> list[dict[str, str | None]]:
         async with self._db.read() as s:
             rows = (await s.execute(
