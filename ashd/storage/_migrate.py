@@ -11,7 +11,7 @@ import logging
 import secrets
 from collections.abc import Callable
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ashd.storage._models import Base
@@ -28,8 +28,16 @@ def _v1_initial(conn: Connection) -> None:
     )
 
 
+def _v4_turn_open(conn: Connection) -> None:
+    # A database created by step 1 from today's models has the column already.
+    if "turn_open" in {c["name"] for c in inspect(conn).get_columns("sessions")}:
+        return
+    conn.execute(text("ALTER TABLE sessions ADD COLUMN turn_open BOOLEAN NOT NULL DEFAULT FALSE"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
+    (4, "sessions.turn_open: turns cut short by a crash are recorded at the next start", _v4_turn_open),
 ]
 
 

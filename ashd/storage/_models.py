@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -126,6 +127,9 @@ class Session(Base):
     error: Mapped[str | None] = mapped_column(Text)
     next_message_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     next_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    # A prompt is stored and its turn's `done` frame is not: a process that dies with this set left
+    # the turn cut short, and the next start records it as interrupted (migration 4).
+    turn_open: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_active_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,6 +20,12 @@ from ashd.storage._sequence import allocate, allocate_sync
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
 _SECRET_HINTS = ("key", "token", "secret", "password", "auth")
+# The `error` stored for a turn whose process died under it, by the reason its session was paused.
+INTERRUPTED_BY = {
+    "restart": "interrupted: the server stopped before this turn finished",
+    "runner_deregistered": "interrupted: the runner stopped before this turn finished",
+}
+log = logging.getLogger(__name__)
 
 
 def mask_mcp(servers: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -154,7 +161,7 @@ class Sessions:
             seq = allocate_sync(s, session_id, "message")
             s.execute(insert(Message).values(id=new_id(), session_id=session_id, tenant_id=tenant, role="user",
                                              content=body, sequence=seq, created_at=now))
-            s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
+            s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now, turn_open=True))
             return seq
 
         return await self.db.run_tx(run)
@@ -179,7 +186,10 @@ class Sessions:
                     for i, (role, content) in enumerate(messages)])
             if event_rows:
                 s.execute(insert(SessionEvent), event_rows)
-            s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
+            values: dict[str, Any] = {"last_active_at": now}
+            if any(e.frame_event == "done" for e in events):
+                values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
+            s.execute(update(Session).where(Session.id == session_id).values(**values))
 
         await self.db.run_tx(run)
 
@@ -229,9 +239,14 @@ class Sessions:
         return {r[0]: r[1] for r in rows}
 
     async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart") -> builtins.list[str]:
-        """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk."""
+        """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk.
+
+        A turn that process left running (`turn_open`) is stored as interrupted first: an `error`
+        frame with the reason, then its `done`, so a replay of the stream ends as every stream does.
+        """
         async with self.db.tx() as s:
-            query = select(Session.id, Session.tenant_id).where(Session.status.in_(("active", "starting")))
+            query = select(Session.id, Session.tenant_id, Session.turn_open).where(
+                Session.status.in_(("active", "starting")))
             if runner_id is not None:
                 query = query.where(Session.runner_id == runner_id)
             rows = (await s.execute(query)).all()
@@ -239,10 +254,24 @@ class Sessions:
                 return []
             ids = [r[0] for r in rows]
             now = utcnow()
-            await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now))
-            for sid, tenant in rows:
+            await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now,
+                                                                              turn_open=False))
+            cut = INTERRUPTED_BY.get(reason, f"interrupted: the turn was cut short ({reason})")
+            for sid, tenant, turn_open in rows:
+                if turn_open:
+                    first = await allocate(s, sid, "event", 2)
+                    error = json.dumps({"error": cut})
+                    s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="error",
+                                       data=error, sequence=first, frame_event="error", frame_data=error,
+                                       created_at=now))
+                    s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="frame", data=None,
+                                       sequence=first + 1, frame_event="done",
+                                       frame_data=json.dumps({"sessionId": sid}), created_at=now))
                 seq = await allocate(s, sid, "event")
                 s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="lifecycle",
                                    data=json.dumps({"action": "paused", "status": "paused", "reason": reason}),
                                    sequence=seq, created_at=now))
+        if any(r[2] for r in rows):
+            log.warning("recorded turns cut short by the previous process as interrupted",
+                        extra={"count": sum(1 for r in rows if r[2]), "reason": reason})
         return ids
