@@ -113,6 +113,31 @@ async def test_other_tenants_deploy_only_from_their_own_folders(aiohttp_client: 
         await server.stop()
 
 
+async def test_a_deploy_the_policy_no_longer_allows_is_refused_at_use(aiohttp_client: Any, settings: Settings,
+                                                                      tmp_path: Path) -> None:
+    root = tmp_path / "roots"
+    agent_dir(root / "acme" / "bot")
+    server, api = await start_api(aiohttp_client, settings.with_(agent_roots=str(root)))
+    try:
+        acme = await api.new_tenant_key("acme")
+        status, body = await api.call("POST", "/api/agents", key=acme, json={"name": "bot", "path": str(root / "acme" / "bot")})
+        assert status == 201, body
+    finally:
+        await api.client.close()
+        await server.stop()
+    # The operator drops SERVICE_AGENT_ROOTS: acme's registered folder is no longer one it may use.
+    server, api = await start_api(aiohttp_client, settings)
+    try:
+        for path in ("/api/agents/bot/files", "/api/agents/bot/files/AGENT.md"):
+            status, body = await api.call("GET", path, key=acme)
+            assert status == 400 and "redeploy" in body["error"], body
+        status, body = await api.call("POST", "/api/sessions", key=acme, json={"agent": "bot"})
+        assert status == 400 and "redeploy" in body["error"], body
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
 async def test_without_roots_other_tenants_use_only_the_library(api: Api, tmp_path: Path) -> None:
     host = agent_dir(tmp_path / "anything")
     acme = await api.new_tenant_key("acme")
