@@ -25,6 +25,7 @@ from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, Sandbo
 from ashd.actors._readiness import wait_bridge_ready
 from ashd.errors import CapacityError, SandboxError, StorageFull
 from ashd.sandboxing._types import ExitInfo, SandboxSpec
+from ashd.storage._failures import log_failure
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ class PoolActor(AioActor):
         except Exception as exc:
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
-            log.exception("sandbox launch failed", extra={"sandboxId": sandbox_id})
+            log_failure(log, "sandbox launch failed", exc, sandboxId=sandbox_id)
             raise SandboxError(f"Sandbox could not be started: {exc}") from exc
         entry.state = PoolState.WARMING
         return entry

@@ -18,7 +18,7 @@ from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.errors import BadRequest, Conflict, Gone, SandboxError, ServiceError, StorageFull
 from ashd.sandboxing._agent_setup import prepare_workspace
-from ashd.storage._failures import storage_failure
+from ashd.storage._failures import log_failure, storage_failure
 from ashd.storage._models import Session
 from ashd.storage._sessions import session_json
 from ashd.storage._snapshots import SnapshotTooLarge
@@ -57,7 +57,7 @@ class SessionActor(AioActor):
             self._fail(exc.message)
             raise
         except Exception as exc:
-            log.exception("session creation failed", extra={"sessionId": self.session_id})
+            log_failure(log, "session creation failed", exc, sessionId=self.session_id)
             mapped = storage_failure(exc)  # the workspace copy met a full disk: 507, not 500
             self._fail(mapped.message if mapped else f"sandbox creation failed: {exc}")
             raise (mapped or SandboxError(f"Sandbox creation failed: {exc}")) from exc
@@ -80,7 +80,7 @@ class SessionActor(AioActor):
             except ServiceError:
                 raise
             except Exception as exc:
-                log.exception("cold resume failed", extra={"sessionId": self.session_id})
+                log_failure(log, "cold resume failed", exc, sessionId=self.session_id)
                 mapped = storage_failure(exc)  # restoring the snapshot met a full disk: 507
                 raise (mapped or SandboxError(f"A new sandbox could not be created for cold resume: {exc}")) from exc
         self.row = self._transition("active", "resumed", extra={"path": path},

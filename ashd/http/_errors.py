@@ -34,6 +34,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ServiceError as exc:
+        if exc.status_code == 500:  # e.g. "sandbox creation failed" because the disk is full: say so
+            exc = storage_failure(exc) or exc
         if exc.status_code >= 500:
             log.warning("request failed: %s", exc.message, extra={"path": request.path, "status": exc.status_code})
         return api_error(exc.status_code, exc.message, exc.headers)

@@ -10,7 +10,9 @@ shutting down (57P01-57P03). Everything else is left alone: it is a bug, not an 
 from __future__ import annotations
 
 import errno
+import logging
 from collections.abc import Iterator
+from typing import Any
 
 from ashd.errors import DatabaseUnavailable, StorageError, StorageFull
 
@@ -78,3 +80,12 @@ def storage_failure(exc: BaseException, *, database: bool = False) -> StorageErr
         if reason is not None:
             return DatabaseUnavailable(f"The database is unreachable ({reason[:200]}); retry shortly")
     return None
+
+
+def log_failure(logger: logging.Logger, message: str, exc: BaseException, **extra: Any) -> None:
+    """A full disk is an expected outage with an operator's fix: one WARNING line, no traceback.
+    Anything else is logged with its traceback, as a failure to look into."""
+    if is_no_space(exc):
+        logger.warning("%s: the data disk is full (%s)", message, exc, extra=extra)
+    else:
+        logger.exception(message, extra=extra)

@@ -242,3 +242,33 @@ async def test_disk_full_to_the_end_of_a_turn_says_which_frames_are_missing(
     # and the session goes on once space is back
     status, after = await send(api, sid, "and now?")
     assert status == 200 and after[-1].event == "done" and after[-1].id is not None
+
+
+@pytest.mark.parametrize("disk", [{"data_dir_min_free_mb": 24, "data_dir_warn_free_mb": 48}], indirect=True)
+async def test_below_the_reserve_new_data_is_refused_but_work_under_way_is_saved(disk: tuple[Api, Path]) -> None:
+    api, data = disk
+    await deploy(api)
+    s1 = (await create(api))["id"]
+    assert (await send(api, s1, "before the reserve"))[0] == 200
+    s2 = (await create(api))["id"]
+    stored = (await _get(api, f"/api/sessions/{s1}/messages"))["messages"]
+    filler = fill(data, leave=16 * MIB)  # free space now below the 24 MiB reserve, but not zero
+
+    for method, path, body in (("POST", "/api/sessions", {"agent": "helper"}),
+                               ("POST", f"/api/sessions/{s1}/messages", {"content": "more"}),
+                               ("POST", "/api/agents", {"name": "other", "systemPrompt": "hi"}),
+                               ("POST", "/api/credentials", {"type": "custom", "key": "k"})):
+        status, reply = await api.call(method, path, json=body)
+        assert status == 507 and "kept in reserve" in reply["error"], (path, reply)
+    health = await _get(api, "/health")
+    assert health["dataDir"]["state"] == "full" and health["dataDir"]["minFreeBytes"] == 24 * MIB
+    # saving what exists is not refused: the reserve is there for it
+    assert (await api.call("POST", f"/api/sessions/{s1}/pause"))[0] == 200
+    assert (await api.call("POST", f"/api/sessions/{s2}/stop"))[0] == 200
+    assert (await api.call("DELETE", f"/api/sessions/{s2}"))[0] == 200
+    assert (await _get(api, f"/api/sessions/{s1}/messages"))["messages"] == stored
+
+    filler.unlink()
+    assert (await _get(api, "/health"))["dataDir"]["state"] == "ok"
+    assert (await api.call("POST", f"/api/sessions/{s1}/resume"))[0] == 200
+    assert (await send(api, s1, "after the reserve"))[0] == 200
