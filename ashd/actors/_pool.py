@@ -23,7 +23,7 @@ from ashd.actors._aio import AioActor
 from ashd.actors._board import StatsBoard
 from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, SandboxLost
 from ashd.actors._readiness import wait_bridge_ready
-from ashd.errors import CapacityError, SandboxError, StorageFull
+from ashd.errors import CapacityError, SandboxError, ServiceError, StorageFull
 from ashd.sandboxing._types import ExitInfo, SandboxSpec
 from ashd.storage._failures import log_failure
 
@@ -347,6 +347,9 @@ class PoolActor(AioActor):
                 self._snapshot(entry.session_id, self._launcher.paths_for(entry.sandbox_id).workspace)
             except StorageFull:
                 raise
+            except ServiceError as exc:  # e.g. a workspace over the snapshot limit: the previous stays
+                log.warning("snapshot before %s not taken: %s", reason.value, exc.message,
+                            extra={"sandboxId": entry.sandbox_id, "sessionId": entry.session_id})
             except Exception:
                 log.exception("snapshot before %s failed", reason.value,
                               extra={"sandboxId": entry.sandbox_id})
