@@ -174,8 +174,12 @@ class TurnRecorder:
         self.counted_events += rows
         self.counted_bytes += cost
 
-    async def error(self, message: str) -> tuple[int, str]:
+    async def error(self, message: str, *, counted: bool = False) -> tuple[int, str]:
+        """Record an `error` frame. The server's own (why a turn ended) are never refused; the
+        bridge's are `counted`, since a sandbox could otherwise send them without end."""
         raw = json.dumps({"error": message})
+        if counted:
+            self._account(raw, "error", 1)
         seq = await self._seq()
         self._events.append(EventRecord(seq, "error", {"error": message}, "error", raw))
         self._kick()

@@ -111,7 +111,11 @@ async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial
                 await sink.send("message", raw, seq)
             elif kind == "error":
                 count += 1
-                await _send_error(recorder, sink, str(frame.get("error") or "agent error"))
+                try:
+                    await _send_error(recorder, sink, str(frame.get("error") or "agent error"), counted=True)
+                except TurnLimitReached as exc:
+                    stopped = True
+                    await _stop_turn(ticket, recorder, sink, exc)
     except (SandboxError, OSError) as exc:
         reason = await _sandbox_failure(services, ticket, exc)
         await _send_error(recorder, sink, reason)
@@ -132,10 +136,10 @@ def turn_limits(services: Services) -> TurnLimits:
     return TurnLimits(s.turn_max_stored_mb * 1024 * 1024, s.turn_max_events, s.storage_retry_seconds)
 
 
-async def _send_error(recorder: TurnRecorder, sink: SseSink, message: str) -> None:
+async def _send_error(recorder: TurnRecorder, sink: SseSink, message: str, *, counted: bool = False) -> None:
     """An `error` frame, stored with its id; without an id when storage is failing (it is not stored)."""
     try:
-        seq, raw = await recorder.error(message)
+        seq, raw = await recorder.error(message, counted=counted)
     except StorageError:
         await sink.send("error", json.dumps({"error": message}))
         return

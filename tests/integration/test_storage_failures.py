@@ -4,9 +4,12 @@ that was stored before it (both databases)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy import text
 
+from ashd.actors._turn import TurnLimitReached, TurnLimits, TurnRecorder
 from ashd.errors import DatabaseUnavailable, StorageFull
 from ashd.storage import Database, Message, Session, SessionEvent
 from ashd.storage._migrate import migrate
@@ -79,5 +82,28 @@ async def test_migration_3_counts_history_stored_before_it(db_url: str) -> None:
                 "SELECT message_count, event_count, stored_bytes FROM sessions WHERE id = :i"), {"i": sid})).one()
         assert tuple(again) == tuple(counted)  # the same numbers the writers keep, in bytes not characters
         assert Message and SessionEvent  # the tables the counters describe
+    finally:
+        await db.close()
+
+
+async def test_bridge_errors_count_against_the_turn_bounds(tmp_path: Path) -> None:
+    """A sandbox that sends `error` frames without end is stopped like one that sends messages."""
+    db = await Database.open(f"sqlite+aiosqlite:///{tmp_path / 'ashd.db'}")
+    try:
+        sessions = Sessions(db)
+        sid = "00000000-0000-0000-0000-000000000002"
+        await sessions.insert(Session(id=sid, tenant_id="t", agent_name="a"))
+        recorder = TurnRecorder(sessions, sid, "t", TurnLimits(max_bytes=1 << 30, max_events=10))
+        for _ in range(10):
+            await recorder.error("agent says no", counted=True)
+        with pytest.raises(TurnLimitReached) as caught:
+            await recorder.error("agent says no", counted=True)
+        assert "SERVICE_TURN_MAX_EVENTS" in caught.value.message
+        await recorder.error(caught.value.message)  # the server's own reason is always stored
+        done = await recorder.done()
+        assert done.sequence is not None and done.unstored == ()
+        async with db.read() as s:
+            stored = (await s.execute(text("SELECT count(*) FROM session_events WHERE type = 'error'"))).scalar_one()
+        assert stored == 11
     finally:
         await db.close()
