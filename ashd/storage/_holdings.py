@@ -82,19 +82,23 @@ class TenantStorage:
             agents, agent_bytes = (await s.execute(
                 select(func.count(), func.coalesce(func.sum(Agent.stored_bytes), 0)).where(Agent.tenant_id == tenant)
             )).one()
-            sessions = (await s.execute(
-                select(Session.id, Session.message_count, Session.event_count, Session.stored_bytes)
-                .where(Session.tenant_id == tenant)
-            )).all()
+            history = (await s.execute(
+                select(func.count(), func.coalesce(func.sum(Session.message_count), 0),
+                       func.coalesce(func.sum(Session.event_count), 0),
+                       func.coalesce(func.sum(Session.stored_bytes), 0)).where(Session.tenant_id == tenant)
+            )).one()
+            # Snapshot sizes are per session on the board: their ids, only when there are any.
+            ids = list((await s.execute(select(Session.id).where(Session.tenant_id == tenant))).scalars()
+                       ) if self._board is not None and self._board.sessions() else []
             credentials = (await s.execute(
                 select(func.count()).select_from(Credential).where(Credential.tenant_id == tenant))).scalar_one()
             api_keys = (await s.execute(
                 select(func.count()).select_from(ApiKey).where(ApiKey.tenant_id == tenant))).scalar_one()
-        snapshots, snapshot_bytes = self._board.totals([r[0] for r in sessions]) if self._board else (0, 0)
+        snapshots, snapshot_bytes = self._board.totals(ids) if self._board is not None else (0, 0)
         held = Holdings(
-            agents=int(agents), agent_bytes=int(agent_bytes), sessions=len(sessions),
-            messages=sum(int(r[1]) for r in sessions), events=sum(int(r[2]) for r in sessions),
-            history_bytes=sum(int(r[3]) for r in sessions), snapshots=snapshots, snapshot_bytes=snapshot_bytes,
+            agents=int(agents), agent_bytes=int(agent_bytes), sessions=int(history[0]),
+            messages=int(history[1]), events=int(history[2]),
+            history_bytes=int(history[3]), snapshots=snapshots, snapshot_bytes=snapshot_bytes,
             credentials=int(credentials), api_keys=int(api_keys),
         )
         self._recent[tenant] = (time.monotonic(), held.total_bytes)

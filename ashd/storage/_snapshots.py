@@ -93,6 +93,11 @@ class SnapshotBoard:
         with self._lock:
             self._by_session.pop(session_id, None)
 
+    def sessions(self) -> int:
+        """How many sessions have snapshots at all."""
+        with self._lock:
+            return len(self._by_session)
+
     def totals(self, session_ids: list[str]) -> tuple[int, int]:
         """(snapshots, bytes) of these sessions."""
         with self._lock:
