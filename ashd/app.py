@@ -25,6 +25,8 @@ from ashd.services import Services
 from ashd.storage import Database
 from ashd.storage._apikeys import ApiKeys
 from ashd.storage._crypto import Cipher, load_or_create_key
+from ashd.storage._diskspace import MIB, DataDirSpace
+from ashd.storage._holdings import TenantStorage
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -56,6 +58,7 @@ class Server:
             rate_limiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
             metrics=Metrics(),
             internal_secret=ensure_internal_secret(settings),
+            data_space=DataDirSpace(data, settings.data_dir_min_free_mb * MIB, settings.data_dir_warn_free_mb * MIB),
         )
         self.services = services
         from ashd.http._health import warnings
@@ -66,6 +69,7 @@ class Server:
 
         for name, stop in await runtime.start(services):
             self._stops.append((name, stop))
+        services.tenant_storage = TenantStorage(db, services.snapshot_board, settings)
         self.app = build_app(services)
         self.app.on_shutdown.append(self._on_shutdown)
         log.info("ashd components started", extra={

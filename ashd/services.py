@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ashd.http._auth import KeyCache
     from ashd.http._ratelimit import RateLimiter
     from ashd.metrics import Metrics
+    from ashd.storage._diskspace import DataDirSpace
 
 
 def coordinator_id() -> str:
@@ -42,6 +43,9 @@ class Services:
     sessions: Any = None
     snapshots: Any = None
     runners: Any = None
+    data_space: DataDirSpace | None = None  # free space on the data dir (reserve, /health, metrics)
+    snapshot_board: Any = None  # SnapshotBoard: each session's local snapshots (count, bytes)
+    tenant_storage: Any = None  # TenantStorage: what each tenant holds, its limits (GET /api/storage)
     extras: dict[str, Any] = field(default_factory=dict)
 
     def uptime(self) -> int:

@@ -6,6 +6,9 @@ cd "$ROOT"
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+# Full-disk tests mount a small ext4 image of their own (mkfs.ext4, mount through a loop device).
+command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+command -v mount >/dev/null 2>&1 || need_apt+=(mount)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${need_apt[*]} (sandbox isolation)" >&2

@@ -64,11 +64,19 @@ def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
 @routes.post("/api/agents")
 async def deploy(request: web.Request) -> web.Response:
     body = await body_object(request)
-    record = await _agents(request).deploy(
-        tenant(request), req_str(body, "name", max_len=255),
+    agents, ten, name = _agents(request), tenant(request), req_str(body, "name", max_len=255)
+    files = _files_body(body)
+    system_prompt = opt_str(body, "systemPrompt", max_len=1_000_000)
+    storage = request.app[SERVICES].tenant_storage
+    uploaded = sum(len(f.data) for f in files or []) + len((system_prompt or "").encode())
+    await storage.require_room(ten, "deploying this agent", adding=uploaded)
+    if not await agents.exists(ten, name):
+        await storage.require_count_below(ten, "agents")
+    record = await agents.deploy(
+        ten, name,
         path=opt_str(body, "path", max_len=4096),
-        files=_files_body(body),
-        system_prompt=opt_str(body, "systemPrompt", max_len=1_000_000),
+        files=files,
+        system_prompt=system_prompt,
         model=opt_str(body, "model", max_len=255),
         env=opt_str_map(body, "env"),
         network=_opt_bool(body, "network"),

@@ -54,6 +54,9 @@ async def health(request: web.Request) -> web.Response:
     }
     if services.runners is not None:
         body["remoteRunners"] = int(services.extras.get("remote_runners", 0))
+    if services.data_space is not None:
+        space = services.data_space
+        body["dataDir"] = space.measure().to_json(space.min_free, space.warn_free)
     iso = services.isolation
     if iso is not None:
         body["isolation"] = {"bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail}
@@ -64,7 +67,8 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     services.metrics.refresh(
-        uptime=services.uptime(), active_sessions=await active_sessions(services), pool=pool_stats(services)
+        uptime=services.uptime(), active_sessions=await active_sessions(services), pool=pool_stats(services),
+        data_space=services.data_space.measure() if services.data_space is not None else None,
     )
     # aiohttp refuses a charset inside content_type=, so the exact header is set directly (measured Q8).
     return web.Response(body=services.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

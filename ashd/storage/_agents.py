@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ashd.errors import BadRequest, NotFound
+from ashd.errors import BadRequest, NotFound, PayloadTooLarge
 from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
@@ -139,7 +139,7 @@ def check_file_path(rel: str) -> str:
     return cleaned
 
 
-def check_files(files: Sequence[AgentFile]) -> list[AgentFile]:
+def check_files(files: Sequence[AgentFile], max_total: int = MAX_TOTAL_BYTES) -> list[AgentFile]:
     """Paths checked and cleaned; no duplicates, no file used as a directory; sizes bounded."""
     if len(files) > MAX_FILES:
         raise BadRequest(f"`files` has {len(files)} entries; at most {MAX_FILES} are allowed")
@@ -150,11 +150,12 @@ def check_files(files: Sequence[AgentFile]) -> list[AgentFile]:
         if rel in cleaned:
             raise BadRequest(f"`files` names {rel!r} twice")
         if len(f.data) > MAX_FILE_BYTES:
-            raise BadRequest(f"file {rel!r} is {len(f.data)} bytes; at most {MAX_FILE_BYTES} per file")
+            raise PayloadTooLarge(f"file {rel!r} is {len(f.data)} bytes; at most {MAX_FILE_BYTES} per file")
         total += len(f.data)
         cleaned[rel] = AgentFile(rel, f.data)
-    if total > MAX_TOTAL_BYTES:
-        raise BadRequest(f"`files` hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
+    if total > max_total:
+        raise PayloadTooLarge(f"the uploaded agent holds {total} bytes; at most {max_total} may be uploaded in one "
+                              f"deploy (SERVICE_AGENT_MAX_UPLOAD_MB)")
     for rel in cleaned:
         parts = rel.split("/")
         for i in range(1, len(parts)):
@@ -185,7 +186,9 @@ KEEP = _Keep()
 class Agents:
     """The agent repository of one server: database rows plus managed folders under the data dir."""
 
-    def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = ()) -> None:
+    def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = (),
+                 max_upload: int = MAX_TOTAL_BYTES) -> None:
+        self._max_upload = max_upload
         self._db = db
         self._cipher = cipher
         self._data_dir = data_dir.resolve()
@@ -194,7 +197,9 @@ class Agents:
 
     @classmethod
     def of(cls, services: Services) -> Agents:
-        return cls(services.db, services.cipher, services.settings.data_path, services.settings.agent_root_paths)
+        settings = services.settings
+        return cls(services.db, services.cipher, settings.data_path, settings.agent_root_paths,
+                   settings.agent_max_upload_mb * 1024 * 1024)
 
     # --- reading ---
 
@@ -259,7 +264,8 @@ class Agents:
             return await self._upsert(tenant, name, folder, None, model, env, network)
         if not files and system_prompt is None:
             raise BadRequest("`path` is required (or upload the agent with `files` and/or `systemPrompt`)")
-        checked = check_files(files or [])
+        prompt_bytes = len(system_prompt.encode()) if system_prompt is not None else 0
+        checked = check_files(files or [], self._max_upload - prompt_bytes)
         if system_prompt is not None:
             if any(f.path == SYSTEM_PROMPT_FILE for f in checked):
                 raise BadRequest(f"give the system prompt either as `systemPrompt` or as a `files` entry "
@@ -324,16 +330,25 @@ class Agents:
         return staging
 
     @staticmethod
-    def _install(base: Path, staging: Path, version: int) -> Path:
-        """Move the staged folder to `v<version>` and prune versions older than the previous one."""
+    def _install(base: Path, staging: Path, version: int) -> tuple[Path, int]:
+        """Move the staged folder to `v<version>` and prune versions older than the previous one.
+        Returns the folder and the bytes of the versions kept (what the tenant holds for it)."""
         target = base / f"v{version}"
         if target.exists():  # left by a deploy whose transaction did not commit: the version is ours
             shutil.rmtree(target)
         staging.rename(target)
+        kept = 0
         for old in base.glob("v*"):
             if old.name[1:].isdigit() and int(old.name[1:]) < version - 1:
                 shutil.rmtree(old, ignore_errors=True)
-        return target
+            elif old.name[1:].isdigit():
+                kept += _tree_bytes(old)
+        return target, kept
+
+    async def exists(self, tenant: str, name: str) -> bool:
+        async with self._db.read() as s:
+            found = await s.execute(select(Agent.id).where(Agent.tenant_id == tenant, Agent.name == name))
+            return found.first() is not None
 
     async def _upsert(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
@@ -367,10 +382,15 @@ class Agents:
                 .execution_options(populate_existing=True)
             )).scalar_one()
             if staged is not None:
-                row.path = str(await asyncio.to_thread(self._install, staged[0], staged[1], row.version))
+                target, row.stored_bytes = await asyncio.to_thread(self._install, staged[0], staged[1], row.version)
+                row.path = str(target)
             else:
                 assert folder is not None
                 row.path = str(folder)
+                # The server keeps no copy of a `path` agent; uploads of earlier versions stay
+                # until the agent is deleted, and are still held.
+                base = self._root / tenant_dir_name(tenant) / name
+                row.stored_bytes = await asyncio.to_thread(_tree_bytes, base) if base.is_dir() else 0
             row.managed = staged is not None
             if model is not None:
                 row.model = model
@@ -380,6 +400,14 @@ class Agents:
                 row.network = network
             await s.flush()
             return self._to_record(row)
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_size
+    return total
 
 
 async def resolve_agent(services: Services, tenant: str, name: str) -> AgentView:
