@@ -100,7 +100,14 @@ def _system_mount(path: str) -> Mount | None:
 
 def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
     plan: list[Mount] = []
-    for path in _SYSTEM_PATHS + _ETC_PATHS:
+    for path in _SYSTEM_PATHS:
+        m = _system_mount(path)
+        if m is not None:
+            plan.append(m)
+    # Made explicitly: bwrap would create /etc as the 0700 parent of its first bind, and the
+    # sandbox user could then read none of it (passwd, TLS certificates, resolv.conf).
+    plan.append(Mount("dir", "/etc"))
+    for path in _ETC_PATHS:
         m = _system_mount(path)
         if m is not None:
             plan.append(m)
