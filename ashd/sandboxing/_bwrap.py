@@ -7,6 +7,10 @@ bind source is traversable by that uid, which a 0700 data dir is not: see docs i
 
 The process tree is: bwrap (host side, the pid we hold) -> bwrap pid 1 (reaper) -> setpriv ->
 payload. A `sh` wrapper joins the cgroups before exec, so nothing ever runs outside them.
+
+Every sandbox gets a network namespace that is not the host's: a fresh, empty one
+(`--unshare-net`), or, when it opted into network, the one the launcher prepared for it
+(`_netns.py`), which bwrap cannot join by itself, so `nsenter --net=<path>` execs it there.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ashd.sandboxing._types import SANDBOX_WORKSPACE
 
 BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
+NSENTER = "/usr/bin/nsenter"
 
 
 def drop_privileges_argv(argv: Sequence[str]) -> list[str]:
@@ -41,9 +46,10 @@ def bwrap_argv(
     env: Mapping[str, str],
     argv: Sequence[str],
     *,
-    network: bool,
+    netns: str | None,
     bwrap: str = BWRAP,
 ) -> list[str]:
+    """`netns`: the path of a prepared network namespace to run in; None for a new, empty one."""
     cmd = [
         bwrap,
         "--unshare-pid",
@@ -56,7 +62,7 @@ def bwrap_argv(
         HOSTNAME,
         "--clearenv",
     ]
-    if not network:
+    if netns is None:
         cmd.append("--unshare-net")
     for key, value in env.items():
         cmd += ["--setenv", key, value]
@@ -76,6 +82,8 @@ def bwrap_argv(
             raise ValueError(f"unknown mount kind {m.kind!r}")
     cmd += ["--remount-ro", "/", "--chdir", SANDBOX_WORKSPACE, "--"]
     cmd += drop_privileges_argv(argv)
+    if netns is not None:
+        cmd = [NSENTER, f"--net={netns}", "--", *cmd]
     return cmd
 
 

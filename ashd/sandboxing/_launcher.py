@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,10 @@ from ashd.errors import ConfigError, SandboxError
 from ashd.sandboxing import _layout as layout
 from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, cgroup_wrapper
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup
+from ashd.sandboxing._egress_policy import EgressPolicy, resolv_conf
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
+from ashd.sandboxing._netns import SandboxLink
+from ashd.sandboxing._network import SandboxNetworking
 from ashd.sandboxing._process import PopenChild, SandboxProcess
 from ashd.sandboxing._reaper import reap_leftovers
 from ashd.sandboxing._types import (
@@ -50,6 +53,8 @@ class LauncherConfig:
     # "module:function" the zygote runs when spec.argv is None; called with BRIDGE_ARGS.
     zygote_payload: str = DEFAULT_PAYLOAD
     bwrap: str = BWRAP
+    # What sandboxes that opt into network may reach (docs/security.md, "Network").
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 class SandboxLauncher:
@@ -58,6 +63,7 @@ class SandboxLauncher:
         self._report: IsolationReport | None = None
         self._cgroups: CgroupTree | None = None
         self._zygote: ZygoteClient | None = None
+        self._network: SandboxNetworking | None = None
         self._spawner = self._new_spawner()
         self._running: dict[str, SandboxProcess] = {}
         self._lock = threading.Lock()
@@ -99,7 +105,10 @@ class SandboxLauncher:
             log.warning("WEAK SANDBOX ISOLATION: %s", "; ".join(problems))
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103  (traverse only, no listing)
-        layout.write_etc_files(self.config.data_dir)
+        if not self.weak:
+            self._network = SandboxNetworking(self.config.data_dir, self.config.egress)
+            self._network.start()
+        layout.write_etc_files(self.config.data_dir, resolv_conf(self._network.dns if self._network else ()))
         if self.isolation.cgroups != "none":
             self._cgroups = CgroupTree(self.config.data_dir)
             self._cgroups.setup()
@@ -121,6 +130,9 @@ class SandboxLauncher:
         if self._zygote is not None:
             self._zygote.stop()
             self._zygote = None
+        if self._network is not None:
+            self._network.stop()
+            self._network = None
         if self._cgroups is not None:
             self._cgroups.teardown()
         self._spawner.shutdown(wait=True)
@@ -168,11 +180,17 @@ class SandboxLauncher:
         cgroup = self._cgroups.create(spec.sandbox_id, spec.limits) if self._cgroups else None
         oom_before = cgroup.oom_kills() if cgroup else 0
         try:
-            child = self._spawner.submit(self._spawn, spec, cgroup).result()
+            # Weak isolation has no namespaces at all: its sandboxes share the host's network.
+            netns = None
+            if spec.network and self._network is not None:
+                netns = self._network.attach(spec.sandbox_id).netns_path
+            child = self._spawner.submit(self._spawn, spec, cgroup, netns).result()
         except BaseException:
             if cgroup is not None:
                 cgroup.kill_all()
                 cgroup.remove()
+            if self._network is not None:
+                self._network.release(spec.sandbox_id)
             raise
         proc = SandboxProcess(
             spec.sandbox_id,
@@ -188,11 +206,20 @@ class SandboxLauncher:
         return proc
 
     def _forget(self, proc: SandboxProcess) -> None:
+        """Called once the sandbox's processes are gone (SandboxProcess.cleanup)."""
         with self._lock:
             if self._running.get(proc.sandbox_id) is proc:
                 del self._running[proc.sandbox_id]
+        if self._network is not None:
+            self._network.release(proc.sandbox_id)
 
-    def _spawn(self, spec: SandboxSpec, cgroup: SandboxCgroup | None) -> PopenChild | ZygoteChild:
+    def network_link(self, sandbox_id: str) -> SandboxLink | None:
+        """The network of a running networked sandbox (operators' tools and tests), or None."""
+        return self._network.link(sandbox_id) if self._network is not None else None
+
+    def _spawn(
+        self, spec: SandboxSpec, cgroup: SandboxCgroup | None, netns: str | None
+    ) -> PopenChild | ZygoteChild:
         log_path = spec.paths.logs / "sandbox.log"
         if self.weak:
             return self._spawn_weak(spec, cgroup, log_path)
@@ -202,9 +229,9 @@ class SandboxLauncher:
             if not self._zygote.alive():
                 log.warning("sandbox zygote died; restarting it")
                 self._zygote.start()
-            return self._zygote.spawn(self._zygote_request(spec, cgroup, env, plan, log_path))
+            return self._zygote.spawn(self._zygote_request(spec, cgroup, env, plan, log_path, netns))
         argv = spec.argv if spec.argv is not None else layout.default_argv()
-        cmd = bwrap_argv(plan, env, argv, network=spec.network, bwrap=self.config.bwrap)
+        cmd = bwrap_argv(plan, env, argv, netns=netns, bwrap=self.config.bwrap)
         if cgroup is not None:
             cmd = cgroup_wrapper(cgroup.procs_files, cmd)
         return self._popen(cmd, {}, "/", log_path)
@@ -216,13 +243,14 @@ class SandboxLauncher:
         env: dict[str, str],
         plan: list[layout.Mount],
         log_path: Path,
+        netns: str | None,
     ) -> dict[str, Any]:
         return {
             "argv": list(spec.argv) if spec.argv is not None else None,
             "payload_args": list(BRIDGE_ARGS),
             "env": env,
             "cwd": SANDBOX_WORKSPACE,
-            "network": spec.network,
+            "netns": netns,
             "plan": [m.to_json() for m in plan],
             "newroot": str(self.sandboxes_dir / ".newroot"),
             "cgroup_procs": [str(p) for p in cgroup.procs_files] if cgroup else [],

@@ -55,11 +55,13 @@ def etc_dir(data_dir: Path) -> Path:
     return data_dir / "sandboxes" / ".etc"
 
 
-def write_etc_files(data_dir: Path) -> Path:
-    """The synthesized /etc/passwd, group and hosts (no host accounts or names leak in)."""
+def write_etc_files(data_dir: Path, resolv_conf: str = "") -> Path:
+    """The synthesized /etc/passwd, group, hosts and, for networked sandboxes, resolv.conf (no host
+    accounts, names or search domains leak in)."""
     d = etc_dir(data_dir)
     d.mkdir(parents=True, exist_ok=True)
     files = {
+        "resolv.conf": resolv_conf,
         "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
         f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:agent:{SANDBOX_HOME}:/bin/sh\n",
         "group": f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_GID}:\n",
@@ -112,10 +114,9 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
         if m is not None:
             plan.append(m)
     etc = etc_dir(data_dir)
-    for name in ("passwd", "group", "hosts", "nsswitch.conf"):
+    names = ("passwd", "group", "hosts", "nsswitch.conf") + (("resolv.conf",) if spec.network else ())
+    for name in names:
         plan.append(Mount("ro-bind", f"/etc/{name}", str(etc / name)))
-    if spec.network and os.path.exists("/etc/resolv.conf"):
-        plan.append(Mount("ro-bind", "/etc/resolv.conf", os.path.realpath("/etc/resolv.conf")))
     # The private /tmp (and the other fresh mounts) come before the interpreter binds: a venv or a
     # checkout that lives under /tmp on the host would otherwise be hidden by the new tmpfs.
     plan += [

@@ -1,7 +1,9 @@
 """What a zygote's forked child does to become a sandbox equivalent to the bwrap route.
 
-    zygote ── fork ──► monitor (host pid we report): joins the cgroups, unshares the namespaces,
-                         forks, then mirrors its child's death (signal N -> exit 128+N, as bwrap)
+    zygote ── fork ──► monitor (host pid we report): joins the cgroups, joins the sandbox's
+                         prepared network namespace if it has one, unshares the other namespaces
+                         (and a new, empty network namespace otherwise), forks, then mirrors its
+                         child's death (signal N -> exit 128+N, as bwrap)
                  └──► init (pid 1): private mounts, tmpfs root, the same mount plan as bwrap,
                          pivot_root, read-only /, forks, reaps
                         └──► payload (pid 2): setsid, drops every capability, uid/gid 65534,
@@ -76,6 +78,14 @@ def _prctl(option: int, arg: int) -> None:
 
 def _unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
+
+
+def _join_netns(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.setns(fd, CLONE_NEWNET), f"setns {path}")
+    finally:
+        os.close(fd)
 
 
 def _ensure_dir(path: str) -> None:
@@ -249,8 +259,7 @@ def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _check(_libc.sethostname(HOSTNAME.encode(), len(HOSTNAME)), "sethostname")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    if not req["network"]:
-        _loopback_up()
+    _loopback_up()  # a new netns starts with `lo` down (bwrap brings it up too)
     newroot = req["newroot"]
     _enter_root(newroot)
     apply_plan([Mount.from_json(m) for m in req["plan"]], newroot)
@@ -272,7 +281,10 @@ def monitor_main(req: dict[str, Any], zygote_pid: int, entry: Callable[[list[str
         if os.getppid() != zygote_pid:
             os._exit(1)
         flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-        if not req["network"]:
+        # Never the host's network: the prepared namespace of a networked sandbox, or a new one.
+        if req.get("netns"):
+            _join_netns(req["netns"])
+        else:
             flags |= CLONE_NEWNET
         _unshare(flags)
         pid = os.fork()

@@ -128,32 +128,6 @@ def test_runs_as_an_unprivileged_host_uid(breakout: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_network_opt_in_reaches_the_host_loopback(tmp_path: Path, route: str) -> None:
-    """The control for tcp_loopback_host: with network=True the same connect works."""
-    require_isolation()
-    listener = _Listener()
-    try:
-        with started_launcher(tmp_path, route) as launcher:
-            paths = launcher.prepare("net")
-            cfg = {
-                "other_workspace_file": "/nonexistent",
-                "db_file": "/nonexistent",
-                "data_dir": "/nonexistent",
-                "server_pid": os.getpid(),
-                "secret": SECRET,
-                "tcp_port": listener.port,
-            }
-            proc = launcher.launch(program_spec(paths, "net", "breakout.py", json.dumps(cfg), network=True))
-            proc.wait(60)
-            proc.cleanup()
-            verdict = json.loads((paths.logs / "sandbox.log").read_text().strip().splitlines()[-1])
-        assert not verdict["results"]["tcp_loopback_host"]["refused"]
-        assert listener.accepted.wait(10)
-    finally:
-        listener.close()
-
-
-@pytest.mark.parametrize("route", ROUTES)
 def test_fork_bomb_is_contained_by_the_pids_limit(tmp_path: Path, route: str) -> None:
     require_isolation()
     limits = SandboxLimits(memory_bytes=256 * 1024 * 1024, pids=32, cpu_cores=1.0)
