@@ -13,9 +13,12 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ashd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ashd.sandboxing._egress_policy import EgressPolicy
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,41 @@ def _snapshot_url(raw: str) -> str | None:
     return value
 
 
+class _Explained(ValueError):
+    """A parse error whose message says why, shown after the accepted form."""
+
+
+def _explained(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def wrapped(raw: str) -> Any:
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise _Explained(str(exc)) from None
+
+    return wrapped
+
+
+@_explained
+def _subnet(raw: str) -> str:
+    from ashd.sandboxing._egress_policy import parse_subnet
+
+    return str(parse_subnet(raw))
+
+
+@_explained
+def _dns_list(raw: str) -> str | None:
+    from ashd.sandboxing._egress_policy import parse_dns
+
+    return ",".join(str(a) for a in parse_dns(raw)) if raw.strip() else None
+
+
+@_explained
+def _egress_allow(raw: str) -> str | None:
+    from ashd.sandboxing._egress_policy import parse_allow
+
+    return ",".join(str(e) for e in parse_allow(raw)) or None
+
+
 def _http_url(raw: str) -> str | None:
     value = raw.strip().rstrip("/")
     if not value:
@@ -163,8 +201,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_SANDBOX_CPU", "sandbox_cpu", "number > 0 (cores)", 1.0,
            "CPU limit of one sandbox, in cores (cgroup cpu quota).", _float_pos),
     Option("SERVICE_SANDBOX_NETWORK", "sandbox_network", "boolean", False,
-           "Give every sandbox ordinary network access. Off: no network; the model is reached "
-           "through the server. Agents and sessions can opt in one by one.", _bool),
+           "Give every sandbox network access: its own network namespace behind NAT, limited by the "
+           "`SERVICE_SANDBOX_EGRESS_*` rules (never the host, its networks or private ranges). Off: no "
+           "network; the model is reached through the server. Agents and sessions can opt in one by one.",
+           _bool),
+    Option("SERVICE_SANDBOX_NETWORK_SUBNET", "sandbox_network_subnet", "private IPv4 CIDR, /8 to /30",
+           "10.213.0.0/16",
+           "Addresses of networked sandboxes (a /31 each, NATed to the host's address). Must not overlap "
+           "any network the host uses.", _subnet),
+    Option("SERVICE_SANDBOX_NETWORK_DNS", "sandbox_network_dns", "IPv4 addresses separated by `,`", None,
+           "DNS resolvers of networked sandboxes; only these are reachable, on port 53 only. Default: the "
+           "host's non-loopback resolvers (systemd-resolved's upstream ones behind a 127.0.0.53 stub).",
+           _dns_list),
+    Option("SERVICE_SANDBOX_EGRESS_ALLOW", "sandbox_egress_allow",
+           "IPv4 addresses or CIDRs, each optionally `:port`, separated by `,`", None,
+           "Operator allowlist: destinations networked sandboxes may reach although they are private, "
+           "link-local or on the host's own networks (e.g. `10.1.2.0/24:443`). The host itself and "
+           "loopback are never reachable.", _egress_allow),
+    Option("SERVICE_SANDBOX_EGRESS_PUBLIC", "sandbox_egress_public", "boolean", True,
+           "Networked sandboxes may reach public internet addresses. Off: only the allowlist and DNS.",
+           _bool),
     Option("SERVICE_ALLOW_WEAK_ISOLATION", "allow_weak_isolation", "boolean", False,
            "Start even where bubblewrap or cgroups are missing (sandboxes are then plain child "
            "processes). Reported at start and in /health.", _bool),
@@ -256,6 +312,10 @@ class Settings:
     sandbox_pids: int = 256
     sandbox_cpu: float = 1.0
     sandbox_network: bool = False
+    sandbox_network_subnet: str = "10.213.0.0/16"
+    sandbox_network_dns: str | None = None
+    sandbox_egress_allow: str | None = None
+    sandbox_egress_public: bool = True
     allow_weak_isolation: bool = False
     prewarm: int = 2
     zygote: bool = True
@@ -292,6 +352,12 @@ class Settings:
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite+aiosqlite:///{self.data_path / 'ashd.db'}"
 
+    def egress_policy(self) -> EgressPolicy:
+        from ashd.sandboxing._egress_policy import EgressPolicy
+
+        return EgressPolicy.parse(subnet=self.sandbox_network_subnet, dns=self.sandbox_network_dns,
+                                  allow=self.sandbox_egress_allow, public=self.sandbox_egress_public)
+
     def with_(self, **changes: Any) -> Settings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
@@ -308,9 +374,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             continue
         try:
             values[opt.attr] = opt.parse(raw)
-        except ValueError:
+        except ValueError as exc:
             shown = "(hidden)" if opt.secret else repr(raw)
-            problems.append(f"{opt.env}={shown} is not valid: it accepts {opt.kind}")
+            why = f" ({exc})" if isinstance(exc, _Explained) else ""
+            problems.append(f"{opt.env}={shown} is not valid: it accepts {opt.kind}{why}")
     for name in env:
         if name.startswith("SERVICE_") and name not in _BY_ENV and name not in _KNOWN_EXTRA:
             close = difflib.get_close_matches(name, list(_BY_ENV), n=1)

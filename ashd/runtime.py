@@ -65,7 +65,8 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     _check_socket_paths(settings.data_path)
     launcher = SandboxLauncher(LauncherConfig(data_dir=settings.data_path, limits=limits,
                                               use_zygote=settings.zygote,
-                                              allow_weak_isolation=settings.allow_weak_isolation))
+                                              allow_weak_isolation=settings.allow_weak_isolation,
+                                              egress=settings.egress_policy()))
     await asyncio.to_thread(launcher.start)
     stops.append(("sandbox launcher", lambda: asyncio.to_thread(launcher.stop)))
     services.isolation = launcher.isolation

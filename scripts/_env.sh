@@ -5,13 +5,15 @@ cd "$ROOT"
 
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
-command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)  # setpriv, nsenter
 # Full-disk tests mount a small ext4 image of their own (mkfs.ext4, mount through a loop device).
 command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v mount >/dev/null 2>&1 || need_apt+=(mount)
+# Networked sandboxes: their egress firewall and NAT (the nft binary lives in /usr/sbin).
+{ [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; } || need_apt+=(nftables)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing ${need_apt[*]} (sandbox isolation)" >&2
+    echo "installing ${need_apt[*]} (sandbox isolation and network)" >&2
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
   else
