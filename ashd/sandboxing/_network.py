@@ -127,14 +127,16 @@ class SandboxNetworking:
             links, self._links = list(self._links.values()), {}
         for link in links:
             self._unplumb(link)
-        if self._firewall:
-            with host_lock():
+        with host_lock():
+            if self._firewall:
                 nft.delete_table(self.table)
                 restore_forwarding()
-            self._firewall = False
-        if self._liveness is not None:
-            os.close(self._liveness)
-            self._liveness = None
+                self._firewall = False
+            if self._liveness is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    (RUN_DIR / f"net-{self.key}.lock").unlink()
+                os.close(self._liveness)
+                self._liveness = None
 
     # -- per sandbox ---------------------------------------------------------------------------------
 
