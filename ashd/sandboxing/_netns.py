@@ -163,7 +163,8 @@ def plumb(netns: str, ns_sock: socket.socket, ifprefix: str, policy: EgressPolic
             with contextlib.suppress(NetlinkError):
                 host.link("del", index=h)
             raise
-    flush_conntrack(sandbox_ip)  # nothing of an earlier holder of this address survives
+    # No conntrack flush here (it walks the whole table, ~20 ms): every way an address is given up
+    # (unplumb, and the start-up sweep of a dead server's links) flushes it.
     return SandboxLink(netns, ifname, slot, host_ip, sandbox_ip)
 
 
@@ -218,15 +219,21 @@ def unplumb(link: SandboxLink) -> None:
 
 
 def delete_links(prefix: str) -> int:
-    """Delete every host link whose name starts with `prefix` (leftovers of a dead server)."""
+    """Delete every host link whose name starts with `prefix` (leftovers of a dead server), and
+    forget the flows of the sandbox address behind each."""
     removed = 0
     with IPRoute() as host:
         for msg in host.get_links():
             name = msg.get_attr("IFLA_IFNAME") or ""
-            if name.startswith(prefix):
-                with contextlib.suppress(NetlinkError):
-                    host.link("del", index=msg["index"])
-                    removed += 1
+            if not name.startswith(prefix):
+                continue
+            peers = [IPv4Address(a.get_attr("IFA_ADDRESS")) + 1 for a in host.get_addr(family=socket.AF_INET,
+                                                                                    index=msg["index"])]
+            with contextlib.suppress(NetlinkError):
+                host.link("del", index=msg["index"])
+                removed += 1
+            for address in peers:
+                flush_conntrack(address)
     return removed
 
 
