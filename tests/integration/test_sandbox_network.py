@@ -296,7 +296,9 @@ def test_addresses_are_claimed_host_wide(tmp_path: Path) -> None:
     require_network()
     from ashd.sandboxing._egress_policy import EgressPolicy
 
-    policy = EgressPolicy.parse(subnet="10.215.7.0/30")
+    # A /30 of the test's own (two concurrent test runs must not compete for the same two slots).
+    base = ip_address("10.215.0.0") + 4 * (os.getpid() % 16384)
+    policy = EgressPolicy.parse(subnet=f"{base}/30")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     with started_launcher(tmp_path / "a", "zygote", egress=policy) as a, \
