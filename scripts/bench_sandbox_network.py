@@ -7,7 +7,7 @@ Launch = launch() called -> the sandboxed program (`python -I -S`) connects to a
 its /run/ashd. With network that includes the netns, the veth pair, the /31 claim, addresses and
 routes; the first networked launch of a server also installs the egress table (reported apart).
 Teardown = cleanup() of a sandbox that already exited (with network: the veth and netns removal
-and the conntrack flush).
+and the conntrack flush). "plumbing" times the network part alone, without a sandbox.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from ashd.sandboxing import LauncherConfig, SandboxLauncher, SandboxLimits, SandboxSpec
+from ashd.sandboxing._egress_policy import EgressPolicy
+from ashd.sandboxing._network import SandboxNetworking
 
 LIMITS = SandboxLimits(memory_bytes=256 * 1024 * 1024, pids=64, cpu_cores=1.0)
 CONNECT = "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/ashd/bench.sock'); s.sendall(b'hi')"
@@ -70,17 +72,43 @@ def bench(route: str, n: int, data_dir: Path) -> None:
                 launches.append(launched)
                 teardowns.append(torn_down)
             label = "network   " if network else "no network"
-            print(f"[{route}] {label} n={n}  launch p50 {_pct(launches, 0.5):6.1f} ms  p99 {_pct(launches, 0.99):6.1f} ms"
-                  f"  |  teardown p50 {_pct(teardowns, 0.5):6.1f} ms  p99 {_pct(teardowns, 0.99):6.1f} ms")
+            print(f"[{route}] {label} n={n}  launch p50 {_pct(launches, 0.5):6.1f} ms"
+                  f"  p99 {_pct(launches, 0.99):6.1f} ms  |  teardown p50 {_pct(teardowns, 0.5):6.1f} ms"
+                  f"  p99 {_pct(teardowns, 0.99):6.1f} ms")
     finally:
         launcher.stop()
+
+
+def bench_plumbing(n: int, data_dir: Path) -> None:
+    """The network part alone: attach (netns, veth, claim, addresses, routes) and release."""
+    net = SandboxNetworking(data_dir / "plumbing", EgressPolicy())
+    net.start()
+    try:
+        t0 = time.perf_counter()
+        net.attach("first")
+        print(f"[plumbing] first attach (installs the egress table): {(time.perf_counter() - t0) * 1000:.1f} ms")
+        net.release("first")
+        attaches, releases = [], []
+        for i in range(n):
+            t0 = time.perf_counter()
+            net.attach(f"s{i}")
+            attaches.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            net.release(f"s{i}")
+            releases.append(time.perf_counter() - t0)
+        print(f"[plumbing] n={n}  attach p50 {_pct(attaches, 0.5):6.1f} ms  p99 {_pct(attaches, 0.99):6.1f} ms"
+              f"  |  release p50 {_pct(releases, 0.5):6.1f} ms  p99 {_pct(releases, 0.99):6.1f} ms")
+    finally:
+        net.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=50)
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="ashd-bench-", dir="/tmp") as tmp:
+        bench_plumbing(args.n, Path(tmp))
         for route in ("bwrap", "zygote"):
             bench(route, args.n, Path(tmp))
 
