@@ -59,7 +59,8 @@ async def health(request: web.Request) -> web.Response:
         body["dataDir"] = space.measure().to_json(space.min_free, space.warn_free)
     iso = services.isolation
     if iso is not None:
-        body["isolation"] = {"bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail}
+        body["isolation"] = {"bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail,
+                             "network": iso.network}
     return ok(body)
 
 

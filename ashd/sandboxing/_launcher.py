@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,9 @@ class SandboxLauncher:
         if not self.weak:
             self._network = SandboxNetworking(self.config.data_dir, self.config.egress)
             self._network.start()
+            self._report = replace(self._report, network=self._network.status)
+        else:
+            self._report = replace(self._report, network="the host's network (weak isolation)")
         layout.write_etc_files(self.config.data_dir, resolv_conf(self._network.dns if self._network else ()))
         if self.isolation.cgroups != "none":
             self._cgroups = CgroupTree(self.config.data_dir)

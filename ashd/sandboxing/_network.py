@@ -113,6 +113,12 @@ class SandboxNetworking:
             log.warning("networked sandboxes have no DNS: the host's resolvers are all on loopback; "
                         "set SERVICE_SANDBOX_NETWORK_DNS")
 
+    @property
+    def status(self) -> str:
+        if self._unusable:
+            return f"networked sandboxes unavailable: {self._unusable}"
+        return f"own namespace, NAT and egress firewall ({self.policy.subnet})"
+
     def _check_host(self) -> str | None:
         if nft.nft_path() is None:
             return "nftables is not installed (apt-get install nftables)"

@@ -115,3 +115,4 @@ class IsolationReport:
     user_namespaces: bool
     weak: bool  # True when sandboxes run without full isolation (explicitly allowed)
     detail: str = ""
+    network: str = ""  # what a sandbox that opts into network gets, or why it cannot start

@@ -249,6 +249,7 @@ def test_network_objects_go_with_the_sandbox_and_the_server(tmp_path: Path, rout
                                             network=True))
         link = launcher.network_link("short-lived")
         assert link is not None
+        assert launcher.isolation.network.startswith("own namespace, NAT and egress firewall")
         assert Path(link.netns_path).exists() and _links(link.ifname) == [link.ifname]
         assert net.table in _tables() and _ip_forward() == "1"
         proc.kill()
@@ -318,3 +319,19 @@ def test_addresses_are_claimed_host_wide(tmp_path: Path) -> None:
         for proc in procs:
             proc.kill()
             proc.cleanup()
+
+
+def test_a_subnet_the_host_uses_is_refused_with_a_reason(tmp_path: Path, internet: Internet) -> None:
+    """The test internet's link is 172.31.x.y/31 on the host: a sandbox subnet over it would shadow it."""
+    from ashd.errors import SandboxError
+    from ashd.sandboxing._egress_policy import EgressPolicy
+
+    with started_launcher(tmp_path, "zygote", egress=EgressPolicy.parse(subnet="172.31.0.0/16")) as launcher:
+        assert "SERVICE_SANDBOX_NETWORK_SUBNET=172.31.0.0/16 overlaps" in launcher.isolation.network
+        paths = launcher.prepare("clash")
+        with pytest.raises(SandboxError, match="asks for network, but SERVICE_SANDBOX_NETWORK_SUBNET"):
+            launcher.launch(program_spec(paths, "clash", "netprobe.py", "{}", network=True))
+        assert launcher.network_link("clash") is None
+        # Sandboxes without network are not affected.
+        result = probe(launcher, "offline", {}, network=False)
+        assert result["routes"] == []
