@@ -47,7 +47,14 @@ async def health(request: web.Request) -> web.Response:
         body["remoteRunners"] = int(services.extras.get("remote_runners", 0))
     iso = services.isolation
     if iso is not None:
-        body["isolation"] = {"bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail}
+        body["isolation"] = {
+            "bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail,
+            # The profile in force for every sandbox, and how many agents the operator moved to
+            # the looser `ptrace` profile (names stay private: /health needs no key).
+            "seccomp": iso.seccomp,
+            "seccompPtraceAgents": len(services.settings.sandbox_ptrace_agents) if iso.seccomp != "none" else 0,
+            "sandboxUserNamespaces": iso.sandbox_user_namespaces,
+        }
     return ok(body)
 
 
