@@ -115,7 +115,10 @@ def _make_dev(target: str) -> None:
         ("ptmx", "pts/ptmx"),
     ):
         os.symlink(dest, f"{target}/{name}")
+    # POSIX shared memory and semaphores (Python multiprocessing, Chromium) need a writable
+    # /dev/shm, as on a host; what it holds is charged to the sandbox's memory cgroup.
     os.makedirs(f"{target}/shm", mode=0o755)
+    _mount("tmpfs", f"{target}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777")
     os.makedirs(f"{target}/pts", mode=0o755)
     with contextlib.suppress(OSError):  # no pty support is not fatal, as with bwrap
         opts = "newinstance,ptmxmode=0666,mode=620"
