@@ -1,16 +1,25 @@
-"""First-start work: the data dir, and the API key of tenant `default`."""
+"""First-start work: the data dir, the API key of tenant `default` and the internal secret.
+
+Generated secrets go into files of the data dir (mode 0600), never into a log stream.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import stat
 from pathlib import Path
 
 from ashd.config import Settings
-from ashd.storage._apikeys import DEFAULT_TENANT, ApiKeys
+from ashd.errors import ConfigError
+from ashd.storage._apikeys import DEFAULT_TENANT, ENV_SOURCE, ApiKeys
 
 log = logging.getLogger(__name__)
 INITIAL_KEY_FILE = "initial-api-key"
+INTERNAL_SECRET_FILE = "internal-secret"  # noqa: S105 - a file name, not a secret
+# Shorter operator-set secrets are accepted (so a rollout is never blocked) but reported at start.
+MIN_SECRET_CHARS = 16
 
 
 def prepare_data_dir(settings: Settings) -> Path:
@@ -21,17 +30,67 @@ def prepare_data_dir(settings: Settings) -> Path:
     return path
 
 
+def _write_secret_file(path: Path, value: str) -> bool:
+    """Create `path` (0600) holding `value`; False when it already exists (another start won)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return True
+
+
+def _read_secret_file(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd) as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path} must be a regular file holding the internal secret")
+        if st.st_mode & 0o077:
+            # Someone loosened it: close it again rather than serve with a readable secret.
+            os.fchmod(fh.fileno(), 0o600)
+            log.warning("the internal secret file was readable by others; mode set back to 0600",
+                        extra={"file": str(path)})
+        value = fh.read().strip()
+    if len(value) < MIN_SECRET_CHARS:
+        raise ConfigError(f"{path} holds no usable internal secret (at least {MIN_SECRET_CHARS} characters); "
+                          "remove the file to generate a new one, or set SERVICE_INTERNAL_SECRET")
+    return value
+
+
+def ensure_internal_secret(settings: Settings) -> str:
+    """The secret every `/api/internal/*` request must carry: SERVICE_INTERNAL_SECRET, else the one
+    generated on first start into `<data dir>/internal-secret`. The value is never logged."""
+    if settings.internal_secret:
+        if len(settings.internal_secret) < MIN_SECRET_CHARS:
+            log.warning("SERVICE_INTERNAL_SECRET is shorter than %d characters and could be guessed; "
+                        "use a long random value (e.g. `openssl rand -hex 32`)", MIN_SECRET_CHARS)
+        return settings.internal_secret
+    path = settings.data_path / INTERNAL_SECRET_FILE
+    if _write_secret_file(path, secrets.token_urlsafe(32)):
+        log.info("generated the internal secret for /api/internal/*", extra={"secretFile": str(path)})
+    return _read_secret_file(path)
+
+
 async def ensure_api_keys(settings: Settings, keys: ApiKeys) -> Path | None:
     """Register SERVICE_API_KEY; on a first start with no key anywhere, generate one into a file.
 
-    Returns the path of the initial key file when one exists. The key itself is never logged.
+    A key that an earlier SERVICE_API_KEY registered and the setting no longer names is removed:
+    changing (or unsetting) the setting is how that key is revoked. Returns the path of the initial
+    key file when one exists. Keys themselves are never logged.
     """
-    if settings.api_key:
-        await keys.add(settings.api_key, DEFAULT_TENANT, "SERVICE_API_KEY", "env")
+    if settings.api_key and len(settings.api_key) < MIN_SECRET_CHARS:
+        log.warning("SERVICE_API_KEY is shorter than %d characters and could be guessed; use a long "
+                    "random value", MIN_SECRET_CHARS)
+    keep = await keys.add(settings.api_key, DEFAULT_TENANT, "SERVICE_API_KEY", ENV_SOURCE) if settings.api_key else None
+    retired = await keys.retire_env_keys(keep)
+    if retired:
+        log.info("revoked the key of a previous SERVICE_API_KEY value", extra={"count": retired})
     key_file = settings.data_path / INITIAL_KEY_FILE
     if await keys.count() == 0:
         _, key = await keys.mint(DEFAULT_TENANT, "initial key", source="generated")
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(key + "\n")
         log.info("generated the first API key for tenant default", extra={"keyFile": str(key_file)})

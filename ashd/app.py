@@ -15,7 +15,7 @@ from contextlib import suppress
 from aiohttp import web
 
 from ashd import __version__
-from ashd._bootstrap import ensure_api_keys, prepare_data_dir
+from ashd._bootstrap import ensure_api_keys, ensure_internal_secret, prepare_data_dir
 from ashd.config import Settings
 from ashd.http._app import build_app
 from ashd.http._auth import KeyCache
@@ -25,6 +25,8 @@ from ashd.services import Services
 from ashd.storage import Database
 from ashd.storage._apikeys import ApiKeys
 from ashd.storage._crypto import Cipher, load_or_create_key
+from ashd.storage._diskspace import MIB, DataDirSpace
+from ashd.storage._holdings import TenantStorage
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -55,12 +57,19 @@ class Server:
             key_cache=KeyCache(),
             rate_limiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
             metrics=Metrics(),
+            internal_secret=ensure_internal_secret(settings),
+            data_space=DataDirSpace(data, settings.data_dir_min_free_mb * MIB, settings.data_dir_warn_free_mb * MIB),
         )
         self.services = services
+        from ashd.http._health import warnings
+
+        for warning in await warnings(services):
+            log.warning(warning)
         from ashd import runtime  # actors and sandboxes; imported late to keep the CLI light
 
         for name, stop in await runtime.start(services):
             self._stops.append((name, stop))
+        services.tenant_storage = TenantStorage(db, services.snapshot_board, settings)
         self.app = build_app(services)
         self.app.on_shutdown.append(self._on_shutdown)
         log.info("ashd components started", extra={

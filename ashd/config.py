@@ -133,8 +133,9 @@ OPTIONS: tuple[Option, ...] = (
            "An API key for tenant `default`. Without it (and with no key stored) the first start "
            "generates one into `<data dir>/initial-api-key`.", _opt_text, secret=True),
     Option("SERVICE_INTERNAL_SECRET", "internal_secret", "string", None,
-           "Bearer secret for every `/api/internal/*` endpoint. Required in coordinator mode.",
-           _opt_text, secret=True),
+           "Bearer secret for every `/api/internal/*` endpoint (always required). Unset: generated "
+           "once into `<data dir>/internal-secret` (mode 0600). Must be set, to the same value, on "
+           "coordinators and runners.", _opt_text, secret=True),
     Option("SERVICE_MAX_SANDBOXES", "max_sandboxes", "integer ≥ 1", None,
            "Pool capacity. Default: host memory / per-sandbox memory limit, capped at 1000.", _int_min(1)),
     Option("SERVICE_SNAPSHOT_URL", "snapshot_url", "`s3://bucket/prefix` or `file:///path`", None,
@@ -154,9 +155,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_DATA_DIR", "data_dir", "path", "./data",
            "Database, generated keys, agents, sandboxes and snapshots live here.", _text),
     Option("SERVICE_AGENT_ROOTS", "agent_roots", "paths separated by `:`", None,
-           "Directories under which `POST /api/agents` may register a `path`. Unset: any directory "
-           "with AGENT.md outside the data dir's own folders. Set it when tenants are not trusted "
-           "with the server's filesystem.", _opt_text),
+           "Directories under which `POST /api/agents` may register a `path`: tenant `default` "
+           "anywhere under them, other tenants only under `<root>/<tenant>/`. Unset: tenant `default` "
+           "may use any folder with AGENT.md (never /proc, /sys, /dev or the data dir), other tenants "
+           "only `<data dir>/library/<tenant>/`. See docs/security.md.", _opt_text),
     Option("SERVICE_LOG_LEVEL", "log_level", "`debug` `info` `warning` `error`", "info",
            "Minimum level of the JSON log lines on stderr.", _choice("debug", "info", "warning", "error")),
     Option("SERVICE_RATE_LIMIT_RPS", "rate_limit_rps", "number > 0", 50.0,
@@ -199,6 +201,44 @@ OPTIONS: tuple[Option, ...] = (
            "Largest request body accepted (413 above it).", _int_min(1024)),
     Option("SERVICE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "number > 0", 10.0,
            "Time running turns get to finish at a graceful stop.", _float_pos),
+    # --- what tenants can make the server store, and the data disk (docs/security.md) ---
+    Option("SERVICE_TENANT_STORAGE_MB", "tenant_storage_mb", "integer ≥ 0", 10240,
+           "Most a tenant may hold on the server, in MiB: uploaded agent folders, workspace snapshots, "
+           "stored messages and events. At the limit new sessions, messages and agent deploys get 409 "
+           "until the tenant deletes something (`GET /api/storage` shows what it holds). 0: no limit.",
+           _int_min(0)),
+    Option("SERVICE_TENANT_MAX_AGENTS", "tenant_max_agents", "integer ≥ 0", 100,
+           "Agents one tenant may register (409 above it). 0: no limit.", _int_min(0)),
+    Option("SERVICE_TENANT_MAX_CREDENTIALS", "tenant_max_credentials", "integer ≥ 0", 100,
+           "Credentials one tenant may store (409 above it). 0: no limit.", _int_min(0)),
+    Option("SERVICE_TENANT_MAX_API_KEYS", "tenant_max_api_keys", "integer ≥ 0", 100,
+           "API keys one tenant may mint for itself with `POST /api/api-keys` (409 above it). 0: no limit.",
+           _int_min(0)),
+    Option("SERVICE_AGENT_MAX_UPLOAD_MB", "agent_max_upload_mb", "integer ≥ 1", 50,
+           "Largest agent folder one deploy may upload (`files` plus `systemPrompt`), in MiB (413 above "
+           "it). The server keeps the current and the previous version of each uploaded agent.",
+           _int_min(1)),
+    Option("SERVICE_SNAPSHOTS_KEEP", "snapshots_keep", "integer ≥ 1", 3,
+           "Workspace snapshots kept per session (older ones are deleted).", _int_min(1)),
+    Option("SERVICE_SNAPSHOT_MAX_MB", "snapshot_max_mb", "integer ≥ 1", 1024,
+           "Largest workspace a snapshot stores (the bytes of its files), in MiB. A bigger workspace is "
+           "not snapshotted: the previous snapshot is kept and stop answers 413.", _int_min(1)),
+    Option("SERVICE_TURN_MAX_STORED_MB", "turn_max_stored_mb", "integer ≥ 1", 64,
+           "Most one turn may store (its messages and events), in MiB. At the limit the turn is "
+           "stopped: an `error` frame says so, then `done`.", _int_min(1)),
+    Option("SERVICE_TURN_MAX_EVENTS", "turn_max_events", "integer ≥ 10", 10000,
+           "Most stored events (frames and typed events) one turn may produce; then as above.", _int_min(10)),
+    Option("SERVICE_DATA_DIR_MIN_FREE_MB", "data_dir_min_free_mb", "integer ≥ 0", 256,
+           "Free space kept in reserve on the data dir's filesystem, in MiB. Below it, requests that add "
+           "stored data (new sessions, messages, resumes, deploys, uploads) get 507, so running turns, "
+           "snapshots and the database can finish their writes. 0: no reserve.", _int_min(0)),
+    Option("SERVICE_DATA_DIR_WARN_FREE_MB", "data_dir_warn_free_mb", "integer ≥ 0", 2048,
+           "Below this much free space on the data dir, `/health` reports `dataDir.state: low` and a "
+           "warning is logged.", _int_min(0)),
+    Option("SERVICE_STORAGE_RETRY_SECONDS", "storage_retry_seconds", "number > 0", 30.0,
+           "How long the end of a turn keeps retrying to store its frames while the disk is full or the "
+           "database unreachable; after that an `error` frame names the frames that were not stored.",
+           _float_pos),
     Option("ANTHROPIC_BASE_URL", "anthropic_base_url", "http(s) URL", "https://api.anthropic.com",
            "Model API the server forwards sandbox model traffic to.", _http_url),
     Option("ANTHROPIC_API_KEY", "anthropic_api_key", "string", None,
@@ -244,6 +284,18 @@ class Settings:
     actor_timeout_seconds: float = 60.0
     max_body_bytes: int = 20 * 1024 * 1024
     shutdown_grace_seconds: float = 10.0
+    tenant_storage_mb: int = 10240
+    tenant_max_agents: int = 100
+    tenant_max_credentials: int = 100
+    tenant_max_api_keys: int = 100
+    agent_max_upload_mb: int = 50
+    snapshots_keep: int = 3
+    snapshot_max_mb: int = 1024
+    turn_max_stored_mb: int = 64
+    turn_max_events: int = 10000
+    data_dir_min_free_mb: int = 256
+    data_dir_warn_free_mb: int = 2048
+    storage_retry_seconds: float = 30.0
     anthropic_base_url: str | None = "https://api.anthropic.com"
     anthropic_api_key: str | None = field(default=None, repr=False)
 
@@ -292,6 +344,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(**values)
     if settings.mode == "coordinator" and not settings.internal_secret:
         problems.append("SERVICE_INTERNAL_SECRET must be set when SERVICE_MODE=coordinator")
+    if (settings.server_url or settings.runner_id) and not settings.internal_secret:
+        # A runner proves itself to its coordinator with the shared secret; a generated one cannot match.
+        problems.append("SERVICE_INTERNAL_SECRET must be set on a runner (SERVICE_SERVER_URL or "
+                        "SERVICE_RUNNER_ID given), to the coordinator's value")
     if problems:
         raise ConfigError("; ".join(problems))
     return settings

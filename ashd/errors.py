@@ -46,6 +46,12 @@ class PayloadTooLarge(ServiceError):
     status_code = 413
 
 
+class QuotaExceeded(ServiceError):
+    """A tenant reached one of its storage limits (a count or a total); deleting frees room."""
+
+    status_code = 409
+
+
 class RateLimited(ServiceError):
     status_code = 429
 
@@ -58,6 +64,18 @@ class SandboxError(ServiceError):
 
 class StorageError(ServiceError):
     status_code = 500
+
+
+class StorageFull(StorageError):
+    """The server's data disk (or the database's disk) has no room for a write: 507."""
+
+    status_code = 507
+
+
+class DatabaseUnavailable(StorageError):
+    """The database cannot be reached (connection refused, lost, shutting down): 503."""
+
+    status_code = 503
 
 
 class CapacityError(ServiceError):

@@ -30,6 +30,7 @@ from ashd.sandboxing._model_proxy import ModelProxy
 from ashd.services import Services
 from ashd.storage._models import iso, utcnow
 from ashd.storage._sessions import Sessions
+from ashd.storage._snapshots import SnapshotBoard
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -77,8 +78,11 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     if settings.snapshot_url:
         from ashd.storage._snapshots_stores import store_from_url
 
-        remote = store_from_url(settings.snapshot_url)
-    snap_ref = SnapshotActor.start(settings.data_path / "snapshots", remote)
+        remote = store_from_url(settings.snapshot_url, settings.snapshots_keep)
+    services.snapshot_board = SnapshotBoard()
+    snap_ref = SnapshotActor.start(settings.data_path / "snapshots", remote, keep=settings.snapshots_keep,
+                                   max_bytes=settings.snapshot_max_mb * 1024 * 1024,
+                                   board=services.snapshot_board)
     snapshots = snapshot_proxy(snap_ref)
     services.snapshots = snapshots
 

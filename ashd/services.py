@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ashd.http._auth import KeyCache
     from ashd.http._ratelimit import RateLimiter
     from ashd.metrics import Metrics
+    from ashd.storage._diskspace import DataDirSpace
 
 
 def coordinator_id() -> str:
@@ -32,6 +33,8 @@ class Services:
     key_cache: KeyCache
     rate_limiter: RateLimiter
     metrics: Metrics
+    # The bearer secret of /api/internal/*: SERVICE_INTERNAL_SECRET or the generated one. Never empty.
+    internal_secret: str = field(repr=False)
     started_at: float = field(default_factory=time.monotonic)
     coordinator_id: str = field(default_factory=coordinator_id)
     # Filled by later start steps (actors); typed loosely here to keep this module a leaf.
@@ -40,6 +43,9 @@ class Services:
     sessions: Any = None
     snapshots: Any = None
     runners: Any = None
+    data_space: DataDirSpace | None = None  # free space on the data dir (reserve, /health, metrics)
+    snapshot_board: Any = None  # SnapshotBoard: each session's local snapshots (count, bytes)
+    tenant_storage: Any = None  # TenantStorage: what each tenant holds, its limits (GET /api/storage)
     extras: dict[str, Any] = field(default_factory=dict)
 
     def uptime(self) -> int:

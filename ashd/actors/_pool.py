@@ -24,11 +24,13 @@ from ashd.actors._aio import AioActor
 from ashd.actors._board import StatsBoard
 from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, SandboxLost
 from ashd.actors._readiness import wait_bridge_ready
-from ashd.errors import CapacityError, SandboxError
+from ashd.errors import CapacityError, SandboxError, ServiceError, StorageFull
 from ashd.sandboxing._types import ExitInfo, SandboxSpec
+from ashd.storage._failures import log_failure
 
 log = logging.getLogger(__name__)
 
+_FULL_DISK_RETRY = 60.0  # seconds before an idle sandbox kept for a full disk is looked at again
 _EVICTION_ORDER = (PoolState.COLD, PoolState.WARM, PoolState.WAITING)
 _LIVE = (PoolState.WARMING, PoolState.WARM, PoolState.WAITING, PoolState.RUNNING)
 
@@ -273,10 +275,18 @@ class PoolActor(AioActor):
             # tool calls) is in progress however long it takes, and mark_waiting restarts the clock.
             if (entry.state is PoolState.WAITING and entry.configured
                     and now - entry.last_active >= self.config.idle_timeout):
+                try:
+                    self._take_away(entry, LossReason.IDLE)
+                except StorageFull:
+                    # Keep it rather than lose the workspace; look again in a minute.
+                    entry.last_active = now - self.config.idle_timeout + _FULL_DISK_RETRY
+                    log.warning("idle session sandbox kept: its workspace cannot be snapshotted while the "
+                                "data disk is full", extra={"sandboxId": entry.sandbox_id,
+                                                            "sessionId": entry.session_id})
+                    continue
                 log.warning("idle session sandbox stopped",
                             extra={"sandboxId": entry.sandbox_id, "sessionId": entry.session_id,
                                    "idleSeconds": int(now - entry.last_active)})
-                self._take_away(entry, LossReason.IDLE)
         self._publish()
 
     # --- helpers -----------------------------------------------------------------------------
@@ -311,7 +321,13 @@ class PoolActor(AioActor):
             if victim is None:
                 continue
             if state is PoolState.WAITING:
-                self._take_away(victim, LossReason.EVICTED)
+                try:
+                    self._take_away(victim, LossReason.EVICTED)
+                except StorageFull as exc:  # the victim's own message names another tenant's session
+                    raise StorageFull(
+                        "Sandbox capacity is reached and the server's data disk is full: a waiting session "
+                        "cannot be snapshotted to make room without losing its workspace. Retry once space "
+                        "is freed") from exc
             else:
                 self._entries.pop(victim.sandbox_id, None)
                 self._workers.submit(self._destroy_now, victim)
@@ -328,14 +344,20 @@ class PoolActor(AioActor):
         The snapshot is taken here, in the actor, on purpose: a session that notices the loss
         (mark_running answers False) restores from the snapshot, so the snapshot must be complete
         before this actor answers anything else. The slow part, the shutdown ladder, is a worker's.
+        A full disk raises StorageFull and leaves the sandbox in place: its workspace would be lost.
         """
-        self._entries.pop(entry.sandbox_id, None)
         if entry.session_id and self._snapshot is not None:
             try:
                 self._snapshot(entry.session_id, self._launcher.paths_for(entry.sandbox_id).workspace)
+            except StorageFull:
+                raise
+            except ServiceError as exc:  # e.g. a workspace over the snapshot limit: the previous stays
+                log.warning("snapshot before %s not taken: %s", reason.value, exc.message,
+                            extra={"sandboxId": entry.sandbox_id, "sessionId": entry.session_id})
             except Exception:
                 log.exception("snapshot before %s failed", reason.value,
                               extra={"sandboxId": entry.sandbox_id})
+        self._entries.pop(entry.sandbox_id, None)
         self._workers.submit(self._destroy_now, entry)
         if entry.session_id:
             detail = ("evicted to make room for another session" if reason is LossReason.EVICTED
@@ -356,8 +378,10 @@ class PoolActor(AioActor):
         except Exception as exc:
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
-            log.exception("sandbox launch failed", extra={"sandboxId": sandbox_id})
-            raise SandboxError(f"Sandbox could not be started: {exc}") from exc
+            log_failure(log, "sandbox launch failed", exc, sandboxId=sandbox_id)
+            # The exception's text may name host paths; clients get its kind, the log the rest.
+            raise SandboxError(f"Sandbox could not be started ({type(exc).__name__}); the details are in "
+                               "the server log") from exc
         entry.state = PoolState.WARMING
         return entry
 

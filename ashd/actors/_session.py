@@ -16,10 +16,12 @@ from typing import Any
 from ashd.actors._aio import AioActor
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.errors import BadRequest, Conflict, Gone, SandboxError, ServiceError
+from ashd.errors import BadRequest, Conflict, Gone, SandboxError, ServiceError, StorageFull
 from ashd.sandboxing._agent_setup import prepare_workspace
+from ashd.storage._failures import log_failure, storage_failure
 from ashd.storage._models import Session
 from ashd.storage._sessions import session_json
+from ashd.storage._snapshots import SnapshotTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,13 @@ class SessionActor(AioActor):
             self._fail(exc.message)
             raise
         except Exception as exc:
-            log.exception("session creation failed", extra={"sessionId": self.session_id})
-            self._fail(f"sandbox creation failed: {exc}")
-            raise SandboxError(f"Sandbox creation failed: {exc}") from exc
+            log_failure(log, "session creation failed", exc, sessionId=self.session_id)
+            mapped = storage_failure(exc)  # the workspace copy met a full disk: 507, not 500
+            # The exception's text names host paths (data dir, sandbox dirs): it stays in the log.
+            reason = f"sandbox creation failed ({type(exc).__name__}); the details are in the server log"
+            self._fail(mapped.message if mapped else reason)
+            raise (mapped or SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in "
+                                          "the server log")) from exc
         self.row = self._transition("active", "created", sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
@@ -77,8 +83,10 @@ class SessionActor(AioActor):
             except ServiceError:
                 raise
             except Exception as exc:
-                log.exception("cold resume failed", extra={"sessionId": self.session_id})
-                raise SandboxError(f"A new sandbox could not be created for cold resume: {exc}") from exc
+                log_failure(log, "cold resume failed", exc, sessionId=self.session_id)
+                mapped = storage_failure(exc)  # restoring the snapshot met a full disk: 507
+                raise (mapped or SandboxError(f"A new sandbox could not be created for cold resume "
+                                              f"({type(exc).__name__}); the details are in the server log")) from exc
         self.row = self._transition("active", "resumed", extra={"path": path},
                                     sandbox_id=self.handle.sandbox_id if self.handle else "", error=None)
         self.deps.pool.count_resume(path)
@@ -185,16 +193,19 @@ class SessionActor(AioActor):
         row = self._row()
         if row.status not in ("active", "starting"):
             raise BadRequest(f"Session is {row.status}; only an active or starting session can be stopped")
-        self._end_sandbox(snapshot=True)
+        self._snapshot_before_end(strict=True)
+        self._drop_sandbox()
         self.row = self._transition("stopped", "stopped", sandbox_id="")
         return session_json(self.row)
 
-    def delete(self) -> dict[str, Any]:
+    def delete(self, keep_workspace: bool = True) -> dict[str, Any]:
+        """End the session. `keep_workspace=False` (a purge follows) skips the final snapshot."""
         row = self._row()
         if row.status == "ended":
             return session_json(row)
-        self._end_sandbox(snapshot=True)
-        self.row = self._transition("ended", "ended")
+        skipped = self._snapshot_before_end(strict=False) if keep_workspace else None
+        self._drop_sandbox()
+        self.row = self._transition("ended", "ended", extra={"snapshot": skipped} if skipped else None)
         return session_json(self.row)
 
     def sandbox_lost(self, lost: SandboxLost) -> None:
@@ -271,14 +282,29 @@ class SessionActor(AioActor):
     def _pool_alive(self, sandbox_id: str) -> bool:
         return bool(self.deps.pool.is_alive(sandbox_id).get(timeout=self.deps.ask_timeout))
 
-    def _end_sandbox(self, *, snapshot: bool) -> None:
-        if self.handle is not None and snapshot and self.deps.snapshots is not None:
-            try:
-                workspace = self.handle.paths.workspace
-                self.deps.snapshots.snapshot(self.session_id, workspace).get(timeout=self.deps.ask_timeout)
-            except Exception:
-                log.exception("snapshot at end failed", extra={"sessionId": self.session_id})
-        self._drop_sandbox()
+    def _snapshot_before_end(self, *, strict: bool) -> str | None:
+        """Snapshot the live workspace before its sandbox goes; None when stored, else why not.
+
+        A full disk refuses the request (StorageFull, 507): the sandbox and its workspace stay, so
+        nothing is lost, and the same request works once space is back. A workspace over the
+        snapshot limit refuses a stop (`strict`: the tenant can remove files and stop again) but
+        not a delete, which asked for the session to go: its previous snapshot, if any, stays.
+        """
+        if self.handle is None or self.deps.snapshots is None:
+            return None
+        try:
+            self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace).get(
+                timeout=self.deps.ask_timeout)
+        except StorageFull:
+            raise
+        except SnapshotTooLarge as exc:
+            if strict:
+                raise
+            return exc.message
+        except Exception as exc:
+            log.exception("snapshot at end failed", extra={"sessionId": self.session_id})
+            return f"snapshot failed: {exc}"
+        return None
 
     def _drop_sandbox(self) -> None:
         conn, self.conn = self.conn, None

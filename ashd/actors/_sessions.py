@@ -136,16 +136,22 @@ class SessionRegistry:
                     self._views.pop(session_id, None)
                     ref.stop(block=False)
 
-    async def delete(self, tenant: str, session_id: str) -> dict[str, Any]:
+    async def delete(self, tenant: str, session_id: str, *, purge: bool = False) -> dict[str, Any]:
+        """End the session. With `purge`, also delete its snapshots, messages and events: the
+        record is gone afterwards (404), and what the tenant held for it is freed."""
         proxy = await self._actor(tenant, session_id)
         self._remember(session_id, None)
-        view: dict[str, Any] = await call(proxy.delete(), self.timeout * 2)
+        view: dict[str, Any] = await call(proxy.delete(not purge), self.timeout * 2)
         ref = self._actors.pop(session_id, None)
         self._tenants.pop(session_id, None)
         self._views.pop(session_id, None)
         self._epochs.pop(session_id, None)
         if ref is not None:
             ref.stop(block=False)
+        if purge:
+            if self.deps.snapshots is not None:
+                await call(self.deps.snapshots.delete(session_id), self.timeout)
+            await self.deps.sessions.purge(tenant, session_id)
         return view
 
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from ashd.actors._aio import AioActor
 from ashd.errors import ServiceError
 from ashd.storage._snapshots import (
     DEFAULT_KEEP,
+    SnapshotBoard,
     SnapshotInfo,
     info_for,
     latest_local,
@@ -58,9 +59,13 @@ class SnapshotActor(AioActor):
         *,
         keep: int = DEFAULT_KEEP,
         retry_seconds: float = 60.0,
+        max_bytes: int | None = None,
+        board: SnapshotBoard | None = None,
     ) -> None:
         super().__init__()
         self.local = LocalSnapshotStore(snapshots_dir, keep)
+        self.max_bytes = max_bytes
+        self.board = board or SnapshotBoard()
         self.remote = remote
         self.retry_seconds = retry_seconds
         self._pending: dict[str, str] = {}  # session id -> key whose upload failed
@@ -72,6 +77,7 @@ class SnapshotActor(AioActor):
         for entry in os.scandir(self.local.root):
             if entry.is_dir(follow_symlinks=False):
                 remove_stale_partials(Path(entry.path), older_than=0)
+                self.board.refresh(entry.name, Path(entry.path))
 
     def on_stop(self) -> None:
         if self._timer is not None:
@@ -83,10 +89,18 @@ class SnapshotActor(AioActor):
         return super().on_receive(message)
 
     def snapshot(self, session_id: str, workspace: Path) -> SnapshotInfo:
-        """Snapshot `workspace` now; upload it if a remote store is set. Returns the local one."""
-        info = snapshot_workspace(
-            workspace, self.local.session_dir(session_id), session_id, keep=self.local.keep
-        )
+        """Snapshot `workspace` now; upload it if a remote store is set. Returns the local one.
+        SnapshotTooLarge (413) or StorageFull (507) when it cannot be stored; the previous stays."""
+        directory = self.local.session_dir(session_id)
+        try:
+            info = snapshot_workspace(workspace, directory, session_id, keep=self.local.keep,
+                                      max_bytes=self.max_bytes)
+        except ServiceError as exc:
+            # Said here too: pause asks for its snapshot without waiting for the answer.
+            log.warning("snapshot not taken: %s", exc.message, extra={"session_id": session_id})
+            raise
+        finally:
+            self.board.refresh(session_id, directory)
         if self.remote is not None:
             self._upload(session_id, info)
         return info
@@ -113,6 +127,7 @@ class SnapshotActor(AioActor):
                                "error": str(exc)})
             return local
         prune(directory, self.local.keep)
+        self.board.refresh(session_id, directory)
         return info_for(session_id, directory / key)
 
     def restore(self, session_id: str, dest: Path) -> bool:
@@ -132,6 +147,7 @@ class SnapshotActor(AioActor):
         """Forget every snapshot of the session, local and remote."""
         self._pending.pop(session_id, None)
         self.local.delete_session(session_id)
+        self.board.forget(session_id)
         if self.remote is not None:
             try:
                 self.remote.delete_session(session_id)

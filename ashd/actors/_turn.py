@@ -6,6 +6,16 @@ Every SSE frame (`message`, `error`, `done`) is one stored row whose sequence is
 that row; further typed events get rows of their own. Frames that map to no typed event (`done`)
 are stored with type `frame`, which `GET .../events` does not list. `stream_event` partials are
 live only: they carry no id and are not stored.
+
+Bounds (`TurnLimits`): a turn stores at most so many events and bytes. The frame that would pass
+either bound is refused with `TurnLimitReached` before it gets an id; the caller stops the turn and
+sends an `error` frame, then `done` (both always stored: they are small and say what happened).
+Pending frames are therefore bounded too, which bounds the memory held while storage is failing.
+
+A full disk (or an unreachable database) mid-turn: the frames already sent stay pending and are
+retried; `done` waits up to `retry_seconds` for them to be stored, so a disk that gets room again
+meanwhile loses nothing. Past that, `done()` reports the ids it could not store (`Done.unstored`)
+and the caller tells the client which frames are missing instead of claiming the turn is stored.
 """
 
 from __future__ import annotations
@@ -13,14 +23,60 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from ashd.errors import StorageError
 from ashd.storage._sessions import EventRecord, Sessions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _BLOCK = 64
 _FLUSH_INTERVAL = 0.05
 _FLUSH_EVENTS = 128
+_RETRY_FIRST, _RETRY_MAX = 0.1, 2.0
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    max_bytes: int
+    max_events: int
+    retry_seconds: float = 30.0
+
+
+UNLIMITED = TurnLimits(max_bytes=1 << 62, max_events=1 << 62)
+
+
+class TurnLimitReached(Exception):
+    """The next frame would take the turn past one of its bounds; `message` says which, for people."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Done:
+    sequence: int | None  # None: the `done` frame itself could not be stored
+    raw: str
+    unstored: tuple[int, ...] = ()  # ids of frames sent to the client that are not in storage
+
+
+async def retrying(op: Callable[[], Awaitable[T]], seconds: float, what: str, session_id: str) -> T:
+    """Run `op`, retrying while storage is full or unreachable, for at most `seconds` overall."""
+    deadline = time.monotonic() + seconds
+    pause = _RETRY_FIRST
+    while True:
+        try:
+            return await op()
+        except StorageError as exc:
+            if exc.status_code < 500 or time.monotonic() + pause > deadline:
+                raise
+            log.warning("%s failed (%s); retrying", what, exc.message, extra={"sessionId": session_id})
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _RETRY_MAX)
 
 
 def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -50,10 +106,13 @@ def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 class TurnRecorder:
-    def __init__(self, sessions: Sessions, session_id: str, tenant: str) -> None:
+    def __init__(self, sessions: Sessions, session_id: str, tenant: str, limits: TurnLimits = UNLIMITED) -> None:
         self._sessions = sessions
         self.session_id = session_id
         self.tenant = tenant
+        self.limits = limits
+        self.counted_bytes = 0  # an upper bound of what this turn stores (see `_account`)
+        self.counted_events = 0
         self._next = 0
         self._end = 0  # exclusive end of the reserved block
         self._messages: list[tuple[str, str]] = []
@@ -67,7 +126,8 @@ class TurnRecorder:
 
     async def _seq(self) -> int:
         if self._next >= self._end:
-            self._next = await self._sessions.reserve_events(self.session_id, _BLOCK)
+            self._next = await retrying(lambda: self._sessions.reserve_events(self.session_id, _BLOCK),
+                                        self.limits.retry_seconds, "reserving event ids", self.session_id)
             self._end = self._next + _BLOCK
         seq = self._next
         self._next += 1
@@ -78,13 +138,14 @@ class TurnRecorder:
         kind = data.get("type")
         if kind == "stream_event":
             return None
+        derived = typed_events(data)
+        self._account(raw, kind, len(derived))
         if kind in ("assistant", "result"):
             self._messages.append(("assistant", raw))
         elif kind == "user":
             self._messages.append(("user", raw))
         if kind == "result":
             self.result = data
-        derived = typed_events(data)
         self.tool_calls += sum(1 for t, _ in derived if t == "tool_start")
         seq = await self._seq()
         first_type, first_data = derived[0] if derived else ("frame", None)
@@ -94,23 +155,66 @@ class TurnRecorder:
         self._kick()
         return seq
 
-    async def error(self, message: str) -> tuple[int, str]:
+    def _account(self, raw: str, kind: Any, typed: int) -> None:
+        """Count a frame against the turn's bounds, or refuse it. Its JSON is stored as the frame,
+        again as the message row (assistant/user/result) and, cut into pieces, as typed events, so
+        three times its size bounds what it costs."""
+        size = len(raw.encode())
+        cost = size * (3 if kind in ("assistant", "result", "user") else 2)
+        rows = max(1, typed)
+        if self.counted_events + rows > self.limits.max_events:
+            raise TurnLimitReached(
+                f"This turn was stopped: it reached the limit of {self.limits.max_events} stored events per "
+                "turn (SERVICE_TURN_MAX_EVENTS). What came before is stored; send a new message to go on")
+        if self.counted_bytes + cost > self.limits.max_bytes:
+            raise TurnLimitReached(
+                f"This turn was stopped: it reached the limit of {self.limits.max_bytes // (1024 * 1024)} MiB "
+                "stored per turn (SERVICE_TURN_MAX_STORED_MB). What came before is stored; send a new "
+                "message to go on")
+        self.counted_events += rows
+        self.counted_bytes += cost
+
+    async def error(self, message: str, *, counted: bool = False) -> tuple[int, str]:
+        """Record an `error` frame. The server's own (why a turn ended) are never refused; the
+        bridge's are `counted`, since a sandbox could otherwise send them without end."""
         raw = json.dumps({"error": message})
+        if counted:
+            self._account(raw, "error", 1)
         seq = await self._seq()
         self._events.append(EventRecord(seq, "error", {"error": message}, "error", raw))
         self._kick()
         return seq, raw
 
-    async def done(self) -> tuple[int, str]:
-        """Store the `done` frame and flush everything: the turn is durable when this returns."""
+    async def done(self) -> Done:
+        """Store the `done` frame and flush everything, retrying while storage is full or away.
+
+        With `Done.unstored` empty the turn is durable when this returns. Otherwise those frames
+        (ids the client has seen) could not be stored in `retry_seconds` and are dropped: keeping
+        them in memory would hold the turn, the session and its memory hostage to the disk.
+        """
         raw = json.dumps({"sessionId": self.session_id})
-        seq = await self._seq()
-        self._events.append(EventRecord(seq, "frame", None, "done", raw))
+        try:
+            seq: int | None = await self._seq()
+        except StorageError:
+            seq = None
+        if seq is not None:
+            self._events.append(EventRecord(seq, "frame", None, "done", raw))
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
-        await self.flush()
-        return seq, raw
+        # When even the `done` id could not be reserved, storage has been failing for a whole retry
+        # window already: one more attempt, not a second window.
+        window = self.limits.retry_seconds if seq is not None else 0.0
+        try:
+            await retrying(self.flush, window, "storing the end of a turn", self.session_id)
+        except StorageError:
+            unstored = tuple(e.sequence for e in self._events if e.frame_event is not None and e.sequence != seq)
+            log.error("a turn's last frames could not be stored: the disk stayed full or the database away",
+                      extra={"sessionId": self.session_id, "frames": len(unstored),
+                             "messages": len(self._messages)})
+            self._events, self._messages = [], []
+            return Done(None, raw, unstored)
+        return Done(seq, raw)
 
     def _kick(self) -> None:
         if len(self._events) >= _FLUSH_EVENTS:
@@ -123,7 +227,10 @@ class TurnRecorder:
             if delay:
                 await asyncio.sleep(delay)
             self._flusher = None
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # noqa: BLE001 - logged in flush; the batch stays pending for done()
+                return
 
         if self._flusher is None or delay == 0.0:
             self._flusher = asyncio.get_running_loop().create_task(run())
@@ -136,10 +243,14 @@ class TurnRecorder:
                 return
             try:
                 await asyncio.shield(self._sessions.store_turn_batch(self.session_id, self.tenant, messages, events))
-            except Exception:
+            except Exception as exc:
                 # Put them back so the final flush retries; a failure here must not lose the turn.
                 self._messages[:0], self._events[:0] = messages, events
-                log.exception("storing a turn batch failed; will retry", extra={"sessionId": self.session_id})
+                if isinstance(exc, StorageError):  # full disk, database away: expected, said once
+                    log.warning("storing a turn batch failed (%s); will retry", exc.message,
+                                extra={"sessionId": self.session_id})
+                else:
+                    log.exception("storing a turn batch failed; will retry", extra={"sessionId": self.session_id})
                 raise
             if events:
                 self.last_sequence = max(self.last_sequence, events[-1].sequence)

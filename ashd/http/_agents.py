@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from aiohttp import web
 
-from ashd.errors import BadRequest
+from ashd.errors import BadRequest, NotFound
 from ashd.http._json import body_object, ok, opt_str, opt_str_map, req_str, tenant
 from ashd.http._keys import SERVICES
 from ashd.storage import _files
+from ashd.storage._agent_paths import fd_path, open_dir
 from ashd.storage._agents import KEEP, AgentFile, Agents
 
 routes = web.RouteTableDef()
@@ -60,11 +64,19 @@ def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
 @routes.post("/api/agents")
 async def deploy(request: web.Request) -> web.Response:
     body = await body_object(request)
-    record = await _agents(request).deploy(
-        tenant(request), req_str(body, "name", max_len=255),
+    agents, ten, name = _agents(request), tenant(request), req_str(body, "name", max_len=255)
+    files = _files_body(body)
+    system_prompt = opt_str(body, "systemPrompt", max_len=1_000_000)
+    storage = request.app[SERVICES].tenant_storage
+    uploaded = sum(len(f.data) for f in files or []) + len((system_prompt or "").encode())
+    await storage.require_room(ten, "deploying this agent", adding=uploaded)
+    if not await agents.exists(ten, name):
+        await storage.require_count_below(ten, "agents")
+    record = await agents.deploy(
+        ten, name,
         path=opt_str(body, "path", max_len=4096),
-        files=_files_body(body),
-        system_prompt=opt_str(body, "systemPrompt", max_len=1_000_000),
+        files=files,
+        system_prompt=system_prompt,
         model=opt_str(body, "model", max_len=255),
         env=opt_str_map(body, "env"),
         network=_opt_bool(body, "network"),
@@ -103,17 +115,46 @@ async def delete_agent(request: web.Request) -> web.Response:
     return ok({"ok": True})
 
 
+@contextmanager
+def _opened(folder: Path) -> Iterator[Path]:
+    """The agent folder opened without following links; yields a path bound to that directory, so
+    a folder renamed or swapped for a link meanwhile cannot redirect the reads."""
+    try:
+        fd = open_dir(folder)
+    except OSError as exc:
+        raise NotFound("The agent's folder is no longer at the path it was deployed from; redeploy the agent") \
+            from exc
+    try:
+        yield fd_path(fd)
+    finally:
+        os.close(fd)
+
+
+def _list(folder: Path) -> list[dict[str, Any]]:
+    with _opened(folder) as root:
+        return [f.to_json() for f in _files.list_files(root)]
+
+
 @routes.get("/api/agents/{name}/files")
 async def list_files(request: web.Request) -> web.Response:
-    root = await _agents(request).folder(tenant(request), request.match_info["name"])
-    files = await asyncio.to_thread(_files.list_files, root)
-    return ok({"files": [f.to_json() for f in files]})
+    folder = await _agents(request).folder(tenant(request), request.match_info["name"])
+    return ok({"files": await asyncio.to_thread(_list, folder)})
 
 
-def _read_json(root: Path, rel: str) -> dict[str, Any]:
-    path = _files.resolve_file(root, rel)
-    content = _files.read_for_json(path)
+def _read_json(folder: Path, rel: str) -> dict[str, Any]:
+    with _opened(folder) as root:
+        stream, size = _files.open_file(root, rel)
+    with stream:
+        _files.check_json_size(size)
+        data = stream.read(_files.JSON_LIMIT + 1)
+    _files.check_json_size(len(data))
+    content = _files.decode_text(data)
     return {"path": _files.check_relative_path(rel), "content": content, "size": len(content.encode())}
+
+
+def _open(folder: Path, rel: str) -> tuple[BinaryIO, int]:
+    with _opened(folder) as root:
+        return _files.open_file(root, rel)
 
 
 @routes.get("/api/agents/{name}/files/{path:.*}")
@@ -125,7 +166,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         return ok(await asyncio.to_thread(_read_json, root, rel))
     if fmt != "raw":
         raise BadRequest("query `format` must be `json` or `raw`")
-    fh, size = await asyncio.to_thread(_files.open_file, root, rel)
+    fh, size = await asyncio.to_thread(_open, root, rel)
     try:
         _files.check_raw_size(size)
         cleaned = _files.check_relative_path(rel)

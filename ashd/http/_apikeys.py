@@ -20,6 +20,7 @@ async def list_keys(request: web.Request) -> web.Response:
 async def create_key(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     body = await body_object(request, allow_empty=True)
+    await services.tenant_storage.require_count_below(tenant(request), "API keys")
     key_id, key = await services.api_keys.mint(tenant(request), opt_str(body, "label", max_len=255))
     return ok({"id": key_id, "key": key}, status=201)
 

@@ -70,11 +70,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     services = request.app[SERVICES]
     if path.startswith("/api/internal/"):
-        secret = services.settings.internal_secret
-        if secret is not None:
-            token = bearer(request)
-            if not hmac.compare_digest(token.encode(), secret.encode()):
-                raise Unauthorized("Invalid internal secret")
+        # Always required: the server has a secret even when SERVICE_INTERNAL_SECRET is unset
+        # (generated into the data dir at first start), so these endpoints are never open.
+        secret = services.internal_secret
+        token = bearer(request)
+        if not secret or not hmac.compare_digest(token.encode(), secret.encode()):
+            raise Unauthorized("Invalid internal secret")
         return await handler(request)
     token = bearer(request)
     identity = services.key_cache.get(token)

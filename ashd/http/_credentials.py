@@ -21,6 +21,7 @@ async def create_credential(request: web.Request) -> web.Response:
     body = await body_object(request)
     if "key" not in body:
         raise BadRequest("`key` is required")
+    await request.app[SERVICES].tenant_storage.require_count_below(tenant(request), "credentials")
     record = await _credentials(request).create(
         tenant(request), body.get("type"), body["key"], opt_str(body, "label", max_len=255)
     )

@@ -9,6 +9,7 @@ from aiohttp.typedefs import Handler
 
 from ashd.errors import ServiceError
 from ashd.http._json import dumps
+from ashd.storage._failures import storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ServiceError as exc:
+        if exc.status_code == 500:  # e.g. "sandbox creation failed" because the disk is full: say so
+            exc = storage_failure(exc) or exc
         if exc.status_code >= 500:
             log.warning("request failed: %s", exc.message, extra={"path": request.path, "status": exc.status_code})
         return api_error(exc.status_code, exc.message, exc.headers)
@@ -47,6 +50,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             message = f"Request body too large: the limit is {request.client_max_size} bytes"
         headers = {k: v for k, v in exc.headers.items() if k.lower() in {"allow", "retry-after"}}
         return api_error(exc.status, message, headers)
-    except Exception:
+    except Exception as exc:
+        mapped = storage_failure(exc)  # a full disk met outside the database layer (files, tar)
+        if mapped is not None:
+            log.warning("request failed: %s", mapped.message, extra={"path": request.path,
+                                                                    "status": mapped.status_code})
+            return api_error(mapped.status_code, mapped.message)
         log.exception("unhandled error", extra={"path": request.path, "method": request.method})
         return api_error(500, "Internal server error; the incident was logged")

@@ -29,6 +29,14 @@ async def active_sessions(services: Services) -> int:
                    .scalar_one())
 
 
+async def warnings(services: Services) -> list[str]:
+    """Configuration an operator should fix, also logged at start (`ashd.app`)."""
+    from ashd.storage._agent_paths import roots_warning
+
+    found = roots_warning(bool(services.settings.agent_root_paths), await services.api_keys.has_other_tenants())
+    return [found] if found else []
+
+
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
@@ -42,9 +50,13 @@ async def health(request: web.Request) -> web.Response:
         "uptime": services.uptime(),
         "pool": dict(stats),
         "mode": services.settings.mode,
+        "warnings": await warnings(services),
     }
     if services.runners is not None:
         body["remoteRunners"] = int(services.extras.get("remote_runners", 0))
+    if services.data_space is not None:
+        space = services.data_space
+        body["dataDir"] = space.measure().to_json(space.min_free, space.warn_free)
     iso = services.isolation
     if iso is not None:
         body["isolation"] = {
@@ -62,7 +74,8 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     services.metrics.refresh(
-        uptime=services.uptime(), active_sessions=await active_sessions(services), pool=pool_stats(services)
+        uptime=services.uptime(), active_sessions=await active_sessions(services), pool=pool_stats(services),
+        data_space=services.data_space.measure() if services.data_space is not None else None,
     )
     # aiohttp refuses a charset inside content_type=, so the exact header is set directly (measured Q8).
     return web.Response(body=services.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -54,8 +54,8 @@ def _document() -> dict[str, Any]:
                     "description": "`Authorization: Bearer <API key>`; the key maps to a tenant",
                 },
                 "internalSecret": {"type": "http", "scheme": "bearer",
-                                   "description": "`Authorization: Bearer <SERVICE_INTERNAL_SECRET>` "
-                                                  "(required whenever the secret is set)"},
+                                   "description": "`Authorization: Bearer <internal secret>`: SERVICE_INTERNAL_SECRET, "
+                                                  "or the one generated into `<data dir>/internal-secret`"},
             },
         },
     }

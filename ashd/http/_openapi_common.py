@@ -12,12 +12,15 @@ _ERROR_TEXT = {
     400: "Bad request: the message says what to fix",
     401: "Missing or invalid API key (or internal secret)",
     404: "Not found (or another tenant's record)",
-    409: "Conflict with the current state",
+    409: "Conflict with the current state, or a tenant limit reached (a count, or its storage total: "
+         "GET /api/storage shows what it holds)",
     410: "Gone: the session has ended",
-    413: "Request body too large",
+    413: "Too large: the request body, an uploaded agent, or a workspace over the snapshot limit",
     429: "Rate limit exceeded; see Retry-After",
     500: "Internal or sandbox failure",
-    503: "Capacity reached, no runner available, or a component did not answer",
+    503: "Capacity reached, no runner available, a component did not answer, or the database is unreachable",
+    507: "The server's data disk is full (or below its reserve): nothing stored was lost, reads keep working; "
+         "retry once space is freed",
 }
 
 

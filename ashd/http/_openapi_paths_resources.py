@@ -24,7 +24,9 @@ USAGE_FILTERS = [
 PATHS: dict[str, dict[str, Any]] = {
     "/api/agents": {
         "post": op("deployAgent", "Deploy an agent (upsert by name)", "agents",
-                   {201: reply("Deployed; `version` is 1 or incremented", AGENT)}, errors=(400,),
+                   {201: reply("Deployed; `version` is 1 or incremented", AGENT)}, errors=(400, 409, 413, 507),
+                   description="409: the tenant has SERVICE_TENANT_MAX_AGENTS agents, or its storage limit is "
+                               "reached. 413: the upload is over SERVICE_AGENT_MAX_UPLOAD_MB.",
                    request=body(ref("DeployAgentRequest"))),
         "get": op("listAgents", "List the tenant's agents", "agents",
                   {200: reply("The agents, by name", wrapped("agents", ref("Agent"), many=True))}),
@@ -57,7 +59,7 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/api/credentials": {
         "post": op("createCredential", "Store a credential (encrypted; the key is never returned)",
-                   "credentials", {201: reply("Stored", CREDENTIAL)}, errors=(400,),
+                   "credentials", {201: reply("Stored", CREDENTIAL)}, errors=(400, 409),
                    request=body(ref("CreateCredentialRequest"))),
         "get": op("listCredentials", "List the tenant's credentials", "credentials",
                   {200: reply("Credentials, oldest first",
@@ -83,16 +85,22 @@ PATHS: dict[str, dict[str, Any]] = {
                   {200: reply("Totals of the matching events", wrapped("stats", ref("UsageStats")))},
                   errors=(400,), params=USAGE_FILTERS),
     },
+    "/api/storage": {
+        "get": op("getStorage", "What the tenant holds on the server, and its limits", "usage",
+                  {200: reply("Counts and bytes of agents, stored history and snapshots",
+                              wrapped("storage", ref("StorageHoldings")))}),
+    },
     "/api/api-keys": {
         "get": op("listApiKeys", "List the tenant's API keys", "api-keys",
                   {200: reply("Keys (never the secret)", wrapped("keys", ref("ApiKey"), many=True))}),
         "post": op("createApiKey", "Mint an API key for the caller's tenant", "api-keys",
-                   {201: reply("The new key, shown once", ref("NewApiKey"))}, errors=(400,),
+                   {201: reply("The new key, shown once", ref("NewApiKey"))}, errors=(400, 409),
                    request=body(obj({"label": STR}), required=False)),
     },
     "/api/api-keys/{id}": {
-        "delete": op("deleteApiKey", "Delete an API key of the caller's tenant", "api-keys",
-                     {200: reply("Deleted", ref("Ok"))}, errors=(404,),
+        "delete": op("deleteApiKey", "Revoke an API key of the caller's tenant (409 for the key of "
+                     "SERVICE_API_KEY: change the setting instead)", "api-keys",
+                     {200: reply("Deleted", ref("Ok"))}, errors=(404, 409),
                      params=[path_param("id", "API key id", fmt="uuid")]),
     },
 }

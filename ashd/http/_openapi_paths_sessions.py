@@ -29,7 +29,9 @@ PATHS: dict[str, dict[str, Any]] = {
     "/api/sessions": {
         "post": op("createSession", "Create a session for a deployed agent", "sessions",
                    {201: reply("The session, `active` once its sandbox is ready", SESSION)},
-                   errors=(400, 404, 500, 503), request=body(ref("CreateSessionRequest"))),
+                   errors=(400, 404, 409, 500, 503, 507), request=body(ref("CreateSessionRequest")),
+                   description="409: the tenant's storage limit is reached. 507: the server's data disk is "
+                               "full or below its reserve."),
         "get": op("listSessions", "List the tenant's sessions", "sessions",
                   {200: reply("Sessions", wrapped("sessions", ref("Session"), many=True))},
                   params=[query("agent", STR, "only sessions of this agent")]),
@@ -38,18 +40,27 @@ PATHS: dict[str, dict[str, Any]] = {
         "get": op("getSession", "Get a session", "sessions", {200: reply("The session", SESSION)},
                   errors=(404,), params=[SID]),
         "delete": op("endSession", "End a session (sandbox destroyed, history kept)", "sessions",
-                     {200: reply("The session, `ended`", SESSION)}, errors=(404,), params=[SID]),
+                     {200: reply("The session, `ended`", SESSION)}, errors=(400, 404, 507), params=[
+                         SID, query("purge", {**BOOL, "default": False},
+                                    "also delete the session's snapshots, messages and events (the session is "
+                                    "then gone: 404), freeing what the tenant holds for it")],
+                     description="The workspace is snapshotted first; when the disk is full that fails with "
+                                 "507 and the session stays as it was (nothing is lost). A workspace over the "
+                                 "snapshot limit does not stop the end: its previous snapshot stays, and the "
+                                 "`ended` lifecycle event says why no new one was taken."),
     },
     "/api/sessions/{id}/pause": _action(
         "pauseSession", "Pause an active session", (400, 404),
         "Only an `active` session can be paused; any other status is 400 naming it."),
     "/api/sessions/{id}/resume": _action(
-        "resumeSession", "Resume a session (warm or cold path)", (404, 410, 500, 503),
+        "resumeSession", "Resume a session (warm or cold path)", (404, 410, 500, 503, 507),
         "Warm when the original sandbox is alive, else cold with the workspace restored from a snapshot. "
         "An `active` session is returned as is; an `ended` one is 410."),
     "/api/sessions/{id}/stop": _action(
-        "stopSession", "Stop a session: persist the workspace, destroy the sandbox", (400, 404),
-        "From `active` or `starting`; a stopped session can be resumed (cold) or ended."),
+        "stopSession", "Stop a session: persist the workspace, destroy the sandbox", (400, 404, 413, 507),
+        "From `active` or `starting`; a stopped session can be resumed (cold) or ended. 413: the workspace "
+        "holds more than a snapshot may store (SERVICE_SNAPSHOT_MAX_MB); 507: the data disk is full. In both "
+        "cases the sandbox stays and nothing is lost."),
     "/api/sessions/{id}/interrupt": {
         "post": op("interruptSession", "Abort the running turn", "sessions",
                    {200: reply("Interrupted", obj({"ok": BOOL, "sessionId": UUID}, ("ok", "sessionId")))},
@@ -59,9 +70,13 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/api/sessions/{id}/messages": {
         "post": op("sendMessage", "Send a message; the reply streams as SSE", "sessions", {200: SSE},
-                   errors=(400, 404, 409, 503), params=[SID], request=body(ref("SendMessageRequest")),
-                   description="Errors before the stream starts are JSON ApiErrors; after it starts they "
-                               "are `error` frames followed by `done`."),
+                   errors=(400, 404, 409, 503, 507), params=[SID], request=body(ref("SendMessageRequest")),
+                   description="Errors before the stream starts are JSON ApiErrors (409 also when the tenant's "
+                               "storage limit is reached, 507 when the data disk is full); after it starts they "
+                               "are `error` frames followed by `done`. A turn that reaches its storage bound "
+                               "(SERVICE_TURN_MAX_STORED_MB, SERVICE_TURN_MAX_EVENTS) is stopped with an `error` "
+                               "frame. Frames that could not be stored (full disk) are named by an `error` frame "
+                               "without `id:`, and `done` then has no `id:` either."),
         "get": op("listMessages", "List the session's stored messages", "sessions",
                   {200: reply("Messages ascending by sequence",
                               wrapped("messages", ref("Message"), many=True))},

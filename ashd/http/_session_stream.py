@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
 from ashd.actors._session_deps import TurnTicket
-from ashd.actors._turn import TurnRecorder
-from ashd.errors import BadRequest, SandboxError
+from ashd.actors._turn import TurnLimitReached, TurnLimits, TurnRecorder, retrying
+from ashd.errors import BadRequest, SandboxError, StorageError
 from ashd.http._json import body_object, opt_str, tenant
 from ashd.http._keys import SERVICES
 from ashd.http._sse import SseSink
@@ -19,6 +21,7 @@ from ashd.logs import emit_line
 from ashd.services import Services
 from ashd.storage._models import iso, utcnow
 
+log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 MAX_CONTENT_CHARS = 500_000
 _TURNS: set[asyncio.Task[Any]] = set()  # running turns, referenced until they finish
@@ -50,6 +53,7 @@ async def send_message(request: web.Request) -> web.StreamResponse:
     partial = body.get("includePartialMessages", False)
     if not isinstance(partial, bool):
         raise BadRequest("`includePartialMessages` must be a boolean")
+    await services.tenant_storage.require_room(tenant(request), "a new message")
     t0 = time.monotonic()
     ticket = await services.sessions.begin_turn(tenant(request), request.match_info["id"], content, model)
     lookup_ms = (time.monotonic() - t0) * 1000
@@ -77,33 +81,44 @@ async def _drive(services: Services, ticket: TurnTicket, content: Any, partial: 
 async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial: bool, sink: SseSink,
                    lookup_ms: float) -> None:
     """Drive one turn to the end whatever the client does; stored before `done` is sent."""
-    recorder = TurnRecorder(services.sessions.deps.sessions, ticket.session_id, ticket.tenant)
+    recorder = TurnRecorder(services.sessions.deps.sessions, ticket.session_id, ticket.tenant,
+                            turn_limits(services))
     first_event_ms: float | None = None
     count = 0
+    stopped = False  # past a storage bound: the bridge winds the query down, nothing more is kept
     try:
         async for frame in ticket.connection.query(content, model=ticket.model, include_partial_messages=partial,
                                                    query_id=ticket.query_id):
             kind = frame.get("type")
             if first_event_ms is None:
                 first_event_ms = (time.monotonic() - ticket.started) * 1000
+            if kind == "done":
+                break
+            if stopped:
+                continue
             if kind == "message":
                 data = frame.get("data")
                 if not isinstance(data, dict):
                     continue
                 raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-                seq = await recorder.message(data, raw)
+                try:
+                    seq = await recorder.message(data, raw)
+                except (TurnLimitReached, StorageError) as exc:
+                    stopped = True
+                    await _stop_turn(ticket, recorder, sink, exc)
+                    continue
                 count += 1
                 await sink.send("message", raw, seq)
             elif kind == "error":
-                seq, raw = await recorder.error(str(frame.get("error") or "agent error"))
                 count += 1
-                await sink.send("error", raw, seq)
-            elif kind == "done":
-                break
+                try:
+                    await _send_error(recorder, sink, str(frame.get("error") or "agent error"), counted=True)
+                except TurnLimitReached as exc:
+                    stopped = True
+                    await _stop_turn(ticket, recorder, sink, exc)
     except (SandboxError, OSError) as exc:
         reason = await _sandbox_failure(services, ticket, exc)
-        seq, raw = await recorder.error(reason)
-        await sink.send("error", raw, seq)
+        await _send_error(recorder, sink, reason)
     except asyncio.CancelledError:
         await asyncio.shield(_finish(services, ticket, recorder, sink))
         raise
@@ -116,10 +131,45 @@ async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial
                    "timestamp": iso(utcnow())})
 
 
+def turn_limits(services: Services) -> TurnLimits:
+    s = services.settings
+    return TurnLimits(s.turn_max_stored_mb * 1024 * 1024, s.turn_max_events, s.storage_retry_seconds)
+
+
+async def _send_error(recorder: TurnRecorder, sink: SseSink, message: str, *, counted: bool = False) -> None:
+    """An `error` frame, stored with its id; without an id when storage is failing (it is not stored)."""
+    try:
+        seq, raw = await recorder.error(message, counted=counted)
+    except StorageError:
+        await sink.send("error", json.dumps({"error": message}))
+        return
+    await sink.send("error", raw, seq)
+
+
+async def _stop_turn(ticket: TurnTicket, recorder: TurnRecorder, sink: SseSink, exc: Exception) -> None:
+    """A storage bound was reached (or storage failed for a whole retry window): say so, stop the
+    agent, and let the loop drain what the bridge still sends without keeping it."""
+    if isinstance(exc, TurnLimitReached):
+        message = exc.message
+    else:
+        message = (f"This turn was stopped: {exc.message if isinstance(exc, StorageError) else exc}. The frames "
+                   "shown after the last stored id are not in the session's history")
+    await _send_error(recorder, sink, message)
+    with contextlib.suppress(SandboxError):
+        await ticket.connection.interrupt(ticket.query_id)
+
+
 async def _finish(services: Services, ticket: TurnTicket, recorder: TurnRecorder, sink: SseSink) -> None:
-    seq, raw = await recorder.done()
-    await _record_usage(services, ticket, recorder)
-    await sink.send("done", raw, seq)
+    done = await recorder.done()
+    if done.unstored:
+        first, last = min(done.unstored), max(done.unstored)
+        await sink.send("error", json.dumps({"error": (
+            f"The server's data disk is full (or its database unreachable): {len(done.unstored)} frames of this "
+            f"turn (ids {first}-{last}) reached you but could not be stored within "
+            f"{services.settings.storage_retry_seconds:g} s. They are missing from the session's history and "
+            "will not be replayed; nothing stored before was lost. Send the message again once space is freed")}))
+    await _record_usage(services, ticket, recorder, stored=not done.unstored)
+    await sink.send("done", done.raw, done.sequence)
 
 
 async def _sandbox_failure(services: Services, ticket: TurnTicket, exc: Exception) -> str:
@@ -138,7 +188,7 @@ async def _sandbox_failure(services: Services, ticket: TurnTicket, exc: Exceptio
     return f"sandbox connection lost: {exc}"
 
 
-async def _record_usage(services: Services, ticket: TurnTicket, recorder: TurnRecorder) -> None:
+async def _record_usage(services: Services, ticket: TurnTicket, recorder: TurnRecorder, *, stored: bool) -> None:
     result = recorder.result or {}
     usage = result.get("usage") or {}
     values = {
@@ -150,7 +200,15 @@ async def _record_usage(services: Services, ticket: TurnTicket, recorder: TurnRe
         "message": 1.0,
         "compute_seconds": round(time.monotonic() - ticket.started, 3),
     }
-    await services.sessions.deps.record_usage(ticket.tenant, ticket.session_id, ticket.agent_name, values)
+    window = services.settings.storage_retry_seconds if stored else 0.0
+    try:
+        await retrying(lambda: services.sessions.deps.record_usage(ticket.tenant, ticket.session_id,
+                                                                   ticket.agent_name, values),
+                       window, "recording usage", ticket.session_id)
+    except StorageError:
+        # The values go to the log so that the operator can still account for the turn.
+        log.error("usage of a turn could not be stored", extra={"sessionId": ticket.session_id,
+                                                                "tenant": ticket.tenant, "usage": values})
 
 
 @routes.get("/api/sessions/{id}/stream")

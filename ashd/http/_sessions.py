@@ -97,6 +97,7 @@ async def create_session(request: web.Request) -> web.Response:
     agent_name = req_str(body, "agent", max_len=255)
     ten = tenant(request)
     agent = await registry.deps.resolve_agent(ten, agent_name)  # 404 before anything is written
+    await services.tenant_storage.require_room(ten, "a new session")
     config = _create_config(body)
     credential_id = opt_str(body, "credentialId", max_len=64)
     if credential_id is not None:
@@ -156,7 +157,11 @@ async def interrupt(request: web.Request) -> web.Response:
 @routes.delete("/api/sessions/{id}")
 async def delete(request: web.Request) -> web.Response:
     registry = _registry(request.app[SERVICES])
-    return ok({"session": await registry.delete(tenant(request), request.match_info["id"])})
+    purge = request.query.get("purge", "false").lower()
+    if purge not in ("true", "false", "1", "0"):
+        raise BadRequest("query `purge` must be `true` or `false`")
+    session = await registry.delete(tenant(request), request.match_info["id"], purge=purge in ("true", "1"))
+    return ok({"session": session})
 
 
 @routes.get("/api/sessions/{id}/messages")

@@ -4,22 +4,102 @@ system prompt and MCP servers applied to the copy only. Runs in actor/worker thr
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
-import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 from ashd.errors import SandboxError
+from ashd.storage._agent_paths import open_dir
 
-_SKIP = shutil.ignore_patterns("node_modules", ".git", "__pycache__", "*.sock", "*.pid")
+_SKIP = ("node_modules", ".git", "__pycache__", "*.sock", "*.pid")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_COPY_CHUNK = 1024 * 1024
 
 
 def copy_agent(agent_dir: Path, workspace: Path) -> None:
-    if not (agent_dir / "AGENT.md").is_file():
-        raise SandboxError(f"Agent folder {agent_dir} has no AGENT.md; redeploy the agent")
-    # symlinks=True copies links as links: a link pointing outside the agent folder is not followed.
-    shutil.copytree(agent_dir, workspace, symlinks=True, ignore=_SKIP, dirs_exist_ok=True)
+    """Copy the agent folder into a workspace without ever following a symlink of the source.
+
+    The folder is opened component by component (a name swapped for a link since the deploy is
+    refused), then walked by descriptor: directories and files are opened relative to their parent
+    with O_NOFOLLOW, symlinks are copied as links (they resolve inside the sandbox, against its own
+    files), and FIFOs, sockets and devices are skipped (a FIFO would block the copy).
+    """
+    try:
+        fd = open_dir(agent_dir)
+    except OSError as exc:
+        raise SandboxError("The agent's folder is no longer at the path it was deployed from (moved, removed "
+                           "or replaced by a link); redeploy the agent") from exc
+    try:
+        try:
+            st = os.stat("AGENT.md", dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise SandboxError("The agent's folder has no AGENT.md; redeploy the agent")
+        _copy_dir(fd, workspace)
+    finally:
+        os.close(fd)
+
+
+def _skipped(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _SKIP)
+
+
+def _copy_dir(src_fd: int, dst: Path) -> None:
+    if dst.is_symlink():
+        dst.unlink()
+    dst.mkdir(exist_ok=True)
+    with os.scandir(src_fd) as it:
+        names = sorted(e.name for e in it)
+    for name in names:
+        if _skipped(name):
+            continue
+        try:
+            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while copying
+        target = dst / name
+        if stat.S_ISDIR(st.st_mode):
+            sub = os.open(name, _DIR_FLAGS, dir_fd=src_fd)
+            try:
+                _copy_dir(sub, target)
+            finally:
+                os.close(sub)
+            os.chmod(target, stat.S_IMODE(st.st_mode) & 0o777 | 0o700)
+        elif stat.S_ISLNK(st.st_mode):
+            link = os.readlink(name, dir_fd=src_fd)
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            os.symlink(link, target)
+        elif stat.S_ISREG(st.st_mode):
+            _copy_file(src_fd, name, target)
+
+
+def _copy_file(src_fd: int, name: str, target: Path) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return  # swapped for something else since the listing
+        if target.is_symlink():
+            target.unlink()
+        # Permission bits only: no setuid/setgid/sticky bits travel into a workspace.
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      stat.S_IMODE(st.st_mode) & 0o777)
+        try:
+            while chunk := os.read(fd, _COPY_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+            os.fchmod(out, stat.S_IMODE(st.st_mode) & 0o777)
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
 
 
 def apply_session_config(workspace: Path, system_prompt: str | None, mcp_servers: dict[str, Any] | None) -> None:

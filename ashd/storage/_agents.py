@@ -16,7 +16,6 @@ Blocking file work runs in threads (`asyncio.to_thread`), never on the event loo
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 import shutil
@@ -30,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ashd.errors import BadRequest, NotFound
+from ashd.errors import BadRequest, NotFound, PayloadTooLarge
+from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
 from ashd.storage._models import Agent, iso, new_id, utcnow
@@ -50,9 +50,6 @@ MAX_PATH_CHARS = 1024
 MAX_ENV_VARS = 200
 MAX_ENV_VALUE_CHARS = 32 * 1024
 MASK = "***"
-# Server-owned parts of the data dir that a `path` deploy may not point into: they hold other
-# tenants' agents, workspaces and snapshots.
-RESERVED_DATA_DIRS = frozenset({"agents", "sandboxes", "snapshots", "attachments", "zygote", "tmp"})
 _DEPLOY_ATTEMPTS = 5
 
 
@@ -142,7 +139,7 @@ def check_file_path(rel: str) -> str:
     return cleaned
 
 
-def check_files(files: Sequence[AgentFile]) -> list[AgentFile]:
+def check_files(files: Sequence[AgentFile], max_total: int = MAX_TOTAL_BYTES) -> list[AgentFile]:
     """Paths checked and cleaned; no duplicates, no file used as a directory; sizes bounded."""
     if len(files) > MAX_FILES:
         raise BadRequest(f"`files` has {len(files)} entries; at most {MAX_FILES} are allowed")
@@ -153,24 +150,18 @@ def check_files(files: Sequence[AgentFile]) -> list[AgentFile]:
         if rel in cleaned:
             raise BadRequest(f"`files` names {rel!r} twice")
         if len(f.data) > MAX_FILE_BYTES:
-            raise BadRequest(f"file {rel!r} is {len(f.data)} bytes; at most {MAX_FILE_BYTES} per file")
+            raise PayloadTooLarge(f"file {rel!r} is {len(f.data)} bytes; at most {MAX_FILE_BYTES} per file")
         total += len(f.data)
         cleaned[rel] = AgentFile(rel, f.data)
-    if total > MAX_TOTAL_BYTES:
-        raise BadRequest(f"`files` hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
+    if total > max_total:
+        raise PayloadTooLarge(f"the uploaded agent holds {total} bytes; at most {max_total} may be uploaded in one "
+                              f"deploy (SERVICE_AGENT_MAX_UPLOAD_MB)")
     for rel in cleaned:
         parts = rel.split("/")
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in cleaned:
                 raise BadRequest(f"{'/'.join(parts[:i])!r} is both a file and the directory of {rel!r}")
     return list(cleaned.values())
-
-
-def tenant_dir_name(tenant: str) -> str:
-    """A directory name for a tenant id that is safe whatever the id contains."""
-    if NAME_RE.match(tenant) and len(tenant) <= 64:
-        return tenant
-    return "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
 
 
 def _env_aad(tenant: str, agent_id: str) -> bytes:
@@ -195,16 +186,20 @@ KEEP = _Keep()
 class Agents:
     """The agent repository of one server: database rows plus managed folders under the data dir."""
 
-    def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = ()) -> None:
-        self._roots = roots
+    def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = (),
+                 max_upload: int = MAX_TOTAL_BYTES) -> None:
+        self._max_upload = max_upload
         self._db = db
         self._cipher = cipher
         self._data_dir = data_dir.resolve()
         self._root = self._data_dir / "agents"
+        self.paths = AgentPathPolicy(self._data_dir, roots)
 
     @classmethod
     def of(cls, services: Services) -> Agents:
-        return cls(services.db, services.cipher, services.settings.data_path, services.settings.agent_root_paths)
+        settings = services.settings
+        return cls(services.db, services.cipher, settings.data_path, settings.agent_root_paths,
+                   settings.agent_max_upload_mb * 1024 * 1024)
 
     # --- reading ---
 
@@ -234,14 +229,22 @@ class Agents:
             )).scalars().all()
         return [self._to_record(r) for r in rows]
 
+    def _checked_path(self, row: Agent) -> Path:
+        # A client's folder is checked again at every use: the policy (SERVICE_AGENT_ROOTS) may
+        # have changed since the deploy. Server-managed folders are the server's own.
+        if row.managed:
+            return Path(row.path)
+        return self.paths.recheck(row.path, row.tenant_id, row.name)
+
     async def resolve(self, tenant: str, name: str) -> AgentView:
         row = await self._row(tenant, name)
-        return AgentView(id=row.id, name=row.name, version=row.version, path=row.path, model=row.model,
-                         env=MappingProxyType(self._env(row)), network=row.network)
+        return AgentView(id=row.id, name=row.name, version=row.version, path=str(self._checked_path(row)),
+                         model=row.model, env=MappingProxyType(self._env(row)), network=row.network)
 
     async def folder(self, tenant: str, name: str) -> Path:
-        """The agent's directory, for file listing and reading."""
-        return Path((await self._row(tenant, name)).path)
+        """The agent's directory (canonical), for file listing and reading: open it with
+        `_agent_paths.open_dir`, never by following its name."""
+        return self._checked_path(await self._row(tenant, name))
 
     # --- writing ---
 
@@ -257,11 +260,12 @@ class Agents:
         if path is not None and (files or system_prompt is not None):
             raise BadRequest("give either `path` or `files`/`systemPrompt`, not both")
         if path is not None:
-            folder = await asyncio.to_thread(self._check_folder, path)
+            folder = await asyncio.to_thread(self.paths.check, path, tenant)
             return await self._upsert(tenant, name, folder, None, model, env, network)
         if not files and system_prompt is None:
             raise BadRequest("`path` is required (or upload the agent with `files` and/or `systemPrompt`)")
-        checked = check_files(files or [])
+        prompt_bytes = len(system_prompt.encode()) if system_prompt is not None else 0
+        checked = check_files(files or [], self._max_upload - prompt_bytes)
         if system_prompt is not None:
             if any(f.path == SYSTEM_PROMPT_FILE for f in checked):
                 raise BadRequest(f"give the system prompt either as `systemPrompt` or as a `files` entry "
@@ -316,26 +320,6 @@ class Agents:
             return None
         return self._cipher.encrypt_json(dict(env), _env_aad(tenant, agent_id))
 
-    def _check_folder(self, raw: str) -> Path:
-        """Resolve a `path` deploy (relative to the data dir) and check it is an agent folder."""
-        if "\x00" in raw or not raw.strip():
-            raise BadRequest("`path` must be a directory path")
-        folder = (self._data_dir / Path(raw).expanduser()).resolve()
-        if folder == self._data_dir or self._data_dir.is_relative_to(folder):
-            raise BadRequest(f"`path` {raw!r} contains the server's data directory and cannot be an agent")
-        if folder.is_relative_to(self._data_dir):
-            top = folder.relative_to(self._data_dir).parts[0]
-            if top in RESERVED_DATA_DIRS or top.startswith("."):
-                raise BadRequest(f"`path` {raw!r} points into the server-owned {top!r} directory")
-        if self._roots and not any(folder.is_relative_to(root) for root in self._roots):
-            raise BadRequest(f"`path` {raw!r} is outside the directories agents may be deployed from "
-                             "(SERVICE_AGENT_ROOTS); upload the files instead")
-        if not folder.is_dir():
-            raise BadRequest(f"`path` {raw!r} is not a directory on the server (resolved to {folder})")
-        if not (folder / SYSTEM_PROMPT_FILE).is_file():
-            raise BadRequest(f"directory {folder} lacks {SYSTEM_PROMPT_FILE}")
-        return folder
-
     def _materialise(self, base: Path, files: Sequence[AgentFile]) -> Path:
         staging = base / f".staging-{uuid.uuid4().hex}"
         staging.mkdir(parents=True, mode=0o700)
@@ -346,16 +330,25 @@ class Agents:
         return staging
 
     @staticmethod
-    def _install(base: Path, staging: Path, version: int) -> Path:
-        """Move the staged folder to `v<version>` and prune versions older than the previous one."""
+    def _install(base: Path, staging: Path, version: int) -> tuple[Path, int]:
+        """Move the staged folder to `v<version>` and prune versions older than the previous one.
+        Returns the folder and the bytes of the versions kept (what the tenant holds for it)."""
         target = base / f"v{version}"
         if target.exists():  # left by a deploy whose transaction did not commit: the version is ours
             shutil.rmtree(target)
         staging.rename(target)
+        kept = 0
         for old in base.glob("v*"):
             if old.name[1:].isdigit() and int(old.name[1:]) < version - 1:
                 shutil.rmtree(old, ignore_errors=True)
-        return target
+            elif old.name[1:].isdigit():
+                kept += _tree_bytes(old)
+        return target, kept
+
+    async def exists(self, tenant: str, name: str) -> bool:
+        async with self._db.read() as s:
+            found = await s.execute(select(Agent.id).where(Agent.tenant_id == tenant, Agent.name == name))
+            return found.first() is not None
 
     async def _upsert(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
@@ -389,10 +382,15 @@ class Agents:
                 .execution_options(populate_existing=True)
             )).scalar_one()
             if staged is not None:
-                row.path = str(await asyncio.to_thread(self._install, staged[0], staged[1], row.version))
+                target, row.stored_bytes = await asyncio.to_thread(self._install, staged[0], staged[1], row.version)
+                row.path = str(target)
             else:
                 assert folder is not None
                 row.path = str(folder)
+                # The server keeps no copy of a `path` agent; uploads of earlier versions stay
+                # until the agent is deleted, and are still held.
+                base = self._root / tenant_dir_name(tenant) / name
+                row.stored_bytes = await asyncio.to_thread(_tree_bytes, base) if base.is_dir() else 0
             row.managed = staged is not None
             if model is not None:
                 row.model = model
@@ -402,6 +400,14 @@ class Agents:
                 row.network = network
             await s.flush()
             return self._to_record(row)
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_size
+    return total
 
 
 async def resolve_agent(services: Services, tenant: str, name: str) -> AgentView:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
 
-from ashd.errors import NotFound
+from ashd.errors import Conflict, NotFound
 from ashd.storage._database import Database
 from ashd.storage._models import ApiKey, iso, utcnow
 
 KEY_PREFIX = "ashd_"
 DEFAULT_TENANT = "default"
+ENV_SOURCE = "env"  # the key of SERVICE_API_KEY: registered at every start, revoked by changing the setting
 
 
 def generate_key() -> str:
@@ -68,6 +69,12 @@ class ApiKeys:
         async with self._db.read() as s:
             return len((await s.execute(select(ApiKey.id).limit(1))).all())
 
+    async def has_other_tenants(self) -> bool:
+        """True when some key belongs to a tenant other than `default`."""
+        async with self._db.read() as s:
+            row = (await s.execute(select(ApiKey.id).where(ApiKey.tenant_id != DEFAULT_TENANT).limit(1))).first()
+        return row is not None
+
     async def list(self, tenant_id: str) -> list[dict[str, str | None]]:
         async with self._db.read() as s:
             rows = (await s.execute(
@@ -80,10 +87,33 @@ class ApiKeys:
         ]
 
     async def delete(self, tenant_id: str, key_id: str) -> None:
+        """Revoke a key of `tenant_id` (the row goes: a revoked key cannot come back by itself).
+
+        The SERVICE_API_KEY key is refused with a Conflict: the next start would register it again,
+        so only changing the setting revokes it.
+        """
         async with self._db.tx() as s:
-            result = await s.execute(delete(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id))
-            if result.rowcount == 0:  # type: ignore[attr-defined]
+            source = (await s.execute(
+                select(ApiKey.source).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id)
+            )).scalar_one_or_none()
+            if source is None:
                 raise NotFound(f"API key {key_id} not found")
+            if source == ENV_SOURCE:
+                raise Conflict(
+                    "This key is set by SERVICE_API_KEY and cannot be revoked through the API; "
+                    "change or unset SERVICE_API_KEY and restart the server (the old key is revoked "
+                    "at start)"
+                )
+            await s.execute(delete(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id))
+
+    async def retire_env_keys(self, keep: str | None) -> int:
+        """Remove keys an earlier SERVICE_API_KEY registered, except `keep` (the current one)."""
+        query = delete(ApiKey).where(ApiKey.source == ENV_SOURCE)
+        if keep is not None:
+            query = query.where(ApiKey.id != keep)
+        async with self._db.tx() as s:
+            result = await s.execute(query)
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
     async def touch(self, key_id: str) -> None:
         async with self._db.tx() as s:

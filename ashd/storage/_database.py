@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.storage._engine import create_engine, normalise_url, sessionmaker
+from ashd.storage._failures import storage_failure
 from ashd.storage._fastpath import SqliteWriter
 from ashd.storage._migrate import migrate
 from ashd.storage._models import Meta
@@ -30,10 +31,14 @@ class Database:
 
     async def run_tx(self, fn: Callable[[SyncSession], T]) -> T:
         """Run `fn(session)` as one transaction (committed unless it raises), in one hop on SQLite."""
-        if self._writer is not None:
-            return await self._writer.run(fn)
-        async with self._sessions() as s, s.begin():
-            return await s.run_sync(fn)
+        try:
+            if self._writer is not None:
+                return await self._writer.run(fn)
+            async with self._sessions() as s, s.begin():
+                return await s.run_sync(fn)
+        except Exception as exc:
+            _raise_mapped(exc)
+            raise
 
     @classmethod
     async def open(cls, url: str) -> Database:
@@ -55,13 +60,21 @@ class Database:
     @asynccontextmanager
     async def tx(self) -> AsyncIterator[OrmSession]:
         """One transaction: committed on success, rolled back on any error."""
-        async with self._sessions() as s, s.begin():
-            yield s
+        try:
+            async with self._sessions() as s, s.begin():
+                yield s
+        except Exception as exc:
+            _raise_mapped(exc)
+            raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[OrmSession]:
-        async with self._sessions() as s:
-            yield s
+        try:
+            async with self._sessions() as s:
+                yield s
+        except Exception as exc:
+            _raise_mapped(exc)
+            raise
 
     async def meta(self, name: str) -> str | None:
         async with self.read() as s:
@@ -71,3 +84,11 @@ class Database:
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
         await self.engine.dispose()
+
+
+def _raise_mapped(exc: Exception) -> None:
+    """A full disk becomes StorageFull (507), an unreachable database DatabaseUnavailable (503);
+    anything else (constraint violations the callers handle, bugs) goes on as it was."""
+    mapped = storage_failure(exc, database=True)
+    if mapped is not None and mapped is not exc:
+        raise mapped from exc

@@ -8,10 +8,11 @@ from racing. Steps are append-only: never edit a released step, add a new one.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from collections.abc import Callable
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ashd.storage._models import Base
@@ -28,8 +29,45 @@ def _v1_initial(conn: Connection) -> None:
     )
 
 
+def _add_column(conn: Connection, table: str, column: str, ddl: str) -> bool:
+    """ALTER TABLE ADD COLUMN unless it is there: a fresh database got it from step 1's create_all,
+    which builds the current models."""
+    if column in {c["name"] for c in inspect(conn).get_columns(table)}:
+        return False
+    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
+    return True
+
+
+def _v3_storage_accounting(conn: Connection) -> None:
+    """Per-session counts and bytes of stored messages and events, per-agent bytes of uploads."""
+    added = [_add_column(conn, "sessions", name, "BIGINT NOT NULL DEFAULT 0")
+             for name in ("message_count", "event_count", "stored_bytes")]
+    _add_column(conn, "agents", "stored_bytes", "BIGINT NOT NULL DEFAULT 0")
+    if not any(added):
+        return
+    # Existing rows: count what is there once. Byte lengths, not characters, on both databases.
+    size = "octet_length({})" if conn.dialect.name == "postgresql" else "length(CAST({} AS BLOB))"
+    sql = (
+        "UPDATE sessions SET "
+        "message_count = (SELECT count(*) FROM messages m WHERE m.session_id = sessions.id), "
+        "event_count = (SELECT count(*) FROM session_events e WHERE e.session_id = sessions.id), "
+        "stored_bytes = coalesce(SIZE(config), 0) "
+        "+ coalesce((SELECT sum(SIZE(m.content)) FROM messages m WHERE m.session_id = sessions.id), 0) "
+        "+ coalesce((SELECT sum(coalesce(SIZE(e.data), 0) + coalesce(SIZE(e.frame_data), 0)) "
+        "FROM session_events e WHERE e.session_id = sessions.id), 0)"
+    )
+    # SIZE(x) stands for the dialect's byte length; nothing from outside reaches this statement.
+    conn.execute(text(re.sub(r"SIZE\(([\w.]+)\)", lambda m: size.format(m.group(1)), sql)))
+
+
+def _v4_turn_open(conn: Connection) -> None:
+    _add_column(conn, "sessions", "turn_open", "BOOLEAN NOT NULL DEFAULT FALSE")
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
+    (3, "storage accounting", _v3_storage_accounting),
+    (4, "sessions.turn_open: turns cut short by a crash are recorded at the next start", _v4_turn_open),
 ]
 
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -100,6 +101,8 @@ class Agent(Base):
     model: Mapped[str | None] = mapped_column(String(255))
     env_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)  # JSON object, AES-GCM encrypted
     network: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Bytes of the uploaded folders kept on disk (current and previous version; 0 for a `path`).
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
@@ -126,6 +129,14 @@ class Session(Base):
     error: Mapped[str | None] = mapped_column(Text)
     next_message_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     next_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    # A prompt is stored and its turn's `done` frame is not: a process that dies with this set left
+    # the turn cut short, and the next start records it as interrupted (migration 4).
+    turn_open: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What the session holds in the database (migration 3): kept by every write of its rows, so
+    # what a tenant holds is one indexed sum, not a scan of its messages and events.
+    message_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    event_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_active_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, insert, select, update
+from sqlalchemy import Table, and_, delete, insert, select, update
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import NotFound
@@ -19,6 +20,17 @@ from ashd.storage._sequence import allocate, allocate_sync
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
 _SECRET_HINTS = ("key", "token", "secret", "password", "auth")
+# The `error` stored for a turn whose process died under it, by the reason its session was paused.
+INTERRUPTED_BY = {
+    "restart": "interrupted: the server stopped before this turn finished",
+    "runner_deregistered": "interrupted: the runner stopped before this turn finished",
+}
+log = logging.getLogger(__name__)
+
+
+def _size(text: str | None) -> int:
+    """Bytes a text column holds (what the per-session `stored_bytes` counts)."""
+    return len(text.encode()) if text else 0
 
 
 def mask_mcp(servers: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -89,6 +101,8 @@ class Sessions:
         self.db = db
 
     async def insert(self, row: Session) -> Session:
+        row.stored_bytes = _size(row.config)
+
         def run(s: SyncSession) -> Session:
             s.add(row)
             s.flush()
@@ -131,7 +145,9 @@ class Sessions:
             # Core statements: the ORM's identity-map work costs a third of this transaction.
             mapping = s.execute(
                 update(_SESSIONS).where(_SESSIONS.c.id == session_id)
-                .values(status=status, updated_at=now, next_event_seq=_SESSIONS.c.next_event_seq + 1, **values)
+                .values(status=status, updated_at=now, next_event_seq=_SESSIONS.c.next_event_seq + 1,
+                        event_count=_SESSIONS.c.event_count + 1,
+                        stored_bytes=_SESSIONS.c.stored_bytes + _size(data), **values)
                 .returning(*_SESSIONS.c)
             ).mappings().one_or_none()
             if mapping is None:
@@ -154,7 +170,9 @@ class Sessions:
             seq = allocate_sync(s, session_id, "message")
             s.execute(insert(Message).values(id=new_id(), session_id=session_id, tenant_id=tenant, role="user",
                                              content=body, sequence=seq, created_at=now))
-            s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
+            s.execute(update(Session).where(Session.id == session_id).values(
+                last_active_at=now, turn_open=True, message_count=Session.message_count + 1,
+                stored_bytes=Session.stored_bytes + _size(body)))
             return seq
 
         return await self.db.run_tx(run)
@@ -169,6 +187,8 @@ class Sessions:
                        "data": None if e.data is None else json.dumps(e.data), "sequence": e.sequence,
                        "frame_event": e.frame_event, "frame_data": e.frame_data, "created_at": now}
                       for e in events]
+        size = (sum(_size(content) for _, content in messages)
+                + sum(_size(None if e.data is None else json.dumps(e.data)) + _size(e.frame_data) for e in events))
 
         def run(s: SyncSession) -> None:
             if messages:
@@ -179,7 +199,13 @@ class Sessions:
                     for i, (role, content) in enumerate(messages)])
             if event_rows:
                 s.execute(insert(SessionEvent), event_rows)
-            s.execute(update(Session).where(Session.id == session_id).values(last_active_at=now))
+            values: dict[str, Any] = {
+                "last_active_at": now, "message_count": Session.message_count + len(messages),
+                "event_count": Session.event_count + len(event_rows), "stored_bytes": Session.stored_bytes + size,
+            }
+            if any(e.frame_event == "done" for e in events):
+                values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
+            s.execute(update(Session).where(Session.id == session_id).values(**values))
 
         await self.db.run_tx(run)
 
@@ -219,6 +245,21 @@ class Sessions:
             )).all()
         return [FrameRow(r[0], r[1] or "", r[2] or "") for r in rows]
 
+    async def purge(self, tenant: str, session_id: str) -> None:
+        """Delete an ended session with its messages and events (usage events stay: they are the
+        operator's accounting, not the tenant's data)."""
+
+        def run(s: SyncSession) -> None:
+            found = s.execute(select(Session.status).where(Session.id == session_id,
+                                                           Session.tenant_id == tenant)).scalar_one_or_none()
+            if found is None:
+                raise NotFound(f"Session {session_id} not found")
+            s.execute(delete(SessionEvent).where(SessionEvent.session_id == session_id))
+            s.execute(delete(Message).where(Message.session_id == session_id))
+            s.execute(delete(Session).where(Session.id == session_id))
+
+        await self.db.run_tx(run)
+
     async def owners_of_sandboxes(self, sandbox_ids: Sequence[str]) -> dict[str, str]:
         """Sandbox id -> session id, for the sessions (not ended) that last ran in those sandboxes."""
         if not sandbox_ids:
@@ -229,9 +270,14 @@ class Sessions:
         return {r[0]: r[1] for r in rows}
 
     async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart") -> builtins.list[str]:
-        """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk."""
+        """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk.
+
+        A turn that process left running (`turn_open`) is stored as interrupted first: an `error`
+        frame with the reason, then its `done`, so a replay of the stream ends as every stream does.
+        """
         async with self.db.tx() as s:
-            query = select(Session.id, Session.tenant_id).where(Session.status.in_(("active", "starting")))
+            query = select(Session.id, Session.tenant_id, Session.turn_open).where(
+                Session.status.in_(("active", "starting")))
             if runner_id is not None:
                 query = query.where(Session.runner_id == runner_id)
             rows = (await s.execute(query)).all()
@@ -239,10 +285,29 @@ class Sessions:
                 return []
             ids = [r[0] for r in rows]
             now = utcnow()
-            await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now))
-            for sid, tenant in rows:
+            await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now,
+                                                                              turn_open=False))
+            cut = INTERRUPTED_BY.get(reason, f"interrupted: the turn was cut short ({reason})")
+            paused = json.dumps({"action": "paused", "status": "paused", "reason": reason})
+            for sid, tenant, turn_open in rows:
+                added: list[str | None] = [paused]
+                if turn_open:
+                    first = await allocate(s, sid, "event", 2)
+                    error = json.dumps({"error": cut})
+                    done = json.dumps({"sessionId": sid})
+                    s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="error",
+                                       data=error, sequence=first, frame_event="error", frame_data=error,
+                                       created_at=now))
+                    s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="frame", data=None,
+                                       sequence=first + 1, frame_event="done", frame_data=done, created_at=now))
+                    added += [error, error, done]
                 seq = await allocate(s, sid, "event")
                 s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="lifecycle",
-                                   data=json.dumps({"action": "paused", "status": "paused", "reason": reason}),
-                                   sequence=seq, created_at=now))
+                                   data=paused, sequence=seq, created_at=now))
+                await s.execute(update(Session).where(Session.id == sid).values(
+                    event_count=Session.event_count + (3 if turn_open else 1),
+                    stored_bytes=Session.stored_bytes + sum(_size(x) for x in added)))
+        if any(r[2] for r in rows):
+            log.warning("recorded turns cut short by the previous process as interrupted",
+                        extra={"count": sum(1 for r in rows if r[2]), "reason": reason})
         return ids

@@ -10,6 +10,12 @@ file never matches the key pattern, so it is never taken as the latest.
 
 gzip level 1: workspaces are mostly source text, which level 1 already shrinks well, and the
 standard library has it (zstd would need a compiled dependency for little gain here).
+
+Bounds: a snapshot archives at most `max_bytes` of file content (`SERVICE_SNAPSHOT_MAX_MB`). The
+check is made before each file is read, so a bigger workspace (or a huge sparse file) costs neither
+the disk nor the time to compress it: the snapshot is refused with SnapshotTooLarge (413), the
+partial file removed, the previous snapshot kept. A full disk mid-write is the same story with
+StorageFull (507). Either way the newest complete snapshot is still the newest one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import re
 import stat
 import tarfile
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -30,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ashd.errors import BadRequest, NotFound, StorageError
+from ashd.errors import BadRequest, NotFound, PayloadTooLarge, StorageError, StorageFull
+from ashd.storage._failures import is_no_space
 from ashd.storage._files import MAX_ENTRIES, is_excluded, symlink_target, walk
 
 log = logging.getLogger(__name__)
@@ -40,6 +48,61 @@ PARTIAL_PREFIX = ".partial-"
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
 DEFAULT_KEEP = 3
 STALE_PARTIAL_SECONDS = 3600.0
+
+
+class SnapshotTooLarge(PayloadTooLarge):
+    """The workspace holds more file bytes than a snapshot may store."""
+
+
+class _Budget:
+    def __init__(self, session_id: str, limit: int | None) -> None:
+        self.session_id = session_id
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> None:
+        self.used += size
+        if self.limit is not None and self.used > self.limit:
+            raise SnapshotTooLarge(
+                f"The workspace of session {self.session_id} holds more than {self.limit // (1024 * 1024)} MiB "
+                "of files, the most a snapshot stores (SERVICE_SNAPSHOT_MAX_MB). No snapshot was taken and "
+                "the previous one, if any, is kept; remove files from the workspace and try again")
+
+
+class SnapshotBoard:
+    """Count and bytes of every session's local snapshots. The snapshot actor writes it after each
+    change; anyone reads it (what a tenant holds) without waiting behind that actor's tar work."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_session: dict[str, tuple[int, int]] = {}
+
+    def refresh(self, session_id: str, session_dir: Path) -> None:
+        count = size = 0
+        for key in list_keys(session_dir):
+            with contextlib.suppress(FileNotFoundError):
+                size += (session_dir / key).stat().st_size
+                count += 1
+        with self._lock:
+            if count:
+                self._by_session[session_id] = (count, size)
+            else:
+                self._by_session.pop(session_id, None)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._by_session.pop(session_id, None)
+
+    def sessions(self) -> int:
+        """How many sessions have snapshots at all."""
+        with self._lock:
+            return len(self._by_session)
+
+    def totals(self, session_ids: list[str]) -> tuple[int, int]:
+        """(snapshots, bytes) of these sessions."""
+        with self._lock:
+            found = [self._by_session.get(sid, (0, 0)) for sid in session_ids]
+        return sum(c for c, _ in found), sum(b for _, b in found)
 
 
 @dataclass(frozen=True)
@@ -179,7 +242,8 @@ class _Exact:
         return data
 
 
-def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int], None] | None) -> int:
+def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int], None] | None,
+              budget: _Budget) -> int:
     real_root = workspace.resolve()
     count = 0
     for rel, entry in walk(workspace, MAX_ENTRIES):
@@ -203,7 +267,7 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
                 info.mtime = int(st.st_mtime)
                 tf.addfile(info)
             else:
-                count += _add_file(tf, info, entry.path)
+                count += _add_file(tf, info, entry.path, budget)
         except FileNotFoundError:
             continue  # removed while we walked a live workspace
         if on_progress is not None:
@@ -211,7 +275,7 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
     return count
 
 
-def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, path: str) -> int:
+def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, path: str, budget: _Budget) -> int:
     # O_NOFOLLOW + fstat: the entry was a regular file when listed; refuse whatever replaced it.
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -221,6 +285,7 @@ def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, path: str) -> int:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return 0
+        budget.take(st.st_size)  # before reading: a file over the budget is never compressed
         info.size = st.st_size
         info.mode = stat.S_IMODE(st.st_mode)
         info.mtime = int(st.st_mtime)
@@ -236,15 +301,19 @@ def snapshot_workspace(
     keep: int = DEFAULT_KEEP,
     compresslevel: int = 1,
     on_progress: Callable[[int], None] | None = None,
+    max_bytes: int | None = None,
 ) -> SnapshotInfo:
     """Archive `workspace` into a new snapshot in `dest_dir` (the session's directory) and keep the
-    newest `keep` snapshots there. `on_progress(files so far)` is called after each entry."""
+    newest `keep` snapshots there. `on_progress(files so far)` is called after each entry.
+    SnapshotTooLarge past `max_bytes` of file content, StorageFull when the disk fills; both leave
+    the directory as it was."""
     check_session_id(session_id)
     if not workspace.is_dir():
         raise NotFound(f"workspace of session {session_id} does not exist: {workspace}")
     dest_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(dest_dir)
     count = 0
+    budget = _Budget(session_id, max_bytes)
 
     def write(raw: BinaryIO) -> None:
         nonlocal count
@@ -253,10 +322,17 @@ def snapshot_workspace(
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=0) as gz,
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf,
         ):
-            count = _add_tree(tf, workspace, on_progress)
+            count = _add_tree(tf, workspace, on_progress, budget)
 
     started = time.monotonic()
-    final = write_atomically(dest_dir, write, lambda: make_key(next_created_ns(dest_dir), count))
+    try:
+        final = write_atomically(dest_dir, write, lambda: make_key(next_created_ns(dest_dir), count))
+    except OSError as exc:
+        if is_no_space(exc):
+            raise StorageFull(
+                f"The server's data disk is full: the snapshot of session {session_id} could not be written. "
+                "The previous snapshot is kept and nothing stored was lost; retry once space is freed") from exc
+        raise
     prune(dest_dir, keep)
     info = info_for(session_id, final)
     log.info(

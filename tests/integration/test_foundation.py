@@ -21,6 +21,9 @@ async def test_health_is_public_and_complete(api: Api) -> None:
     for field in ("total", "cold", "warming", "warm", "waiting", "running", "maxCapacity",
                   "resumeWarmHits", "resumeColdHits", "preWarmHits"):
         assert isinstance(body["pool"][field], int)
+    space = body["dataDir"]  # free space on the data dir's filesystem, and its state
+    assert space["state"] in ("ok", "low", "full") and 0 < space["freeBytes"] <= space["totalBytes"]
+    assert space["minFreeBytes"] == 256 * 1024 * 1024 and space["warnFreeBytes"] == 2048 * 1024 * 1024
 
 
 async def test_metrics_exact_content_type_and_series(api: Api) -> None:
@@ -30,7 +33,8 @@ async def test_metrics_exact_content_type_and_series(api: Api) -> None:
     text = await resp.text()
     for series in ("ash_up 1.0", "ash_uptime_seconds", "ash_active_sessions", "ash_active_sandboxes",
                    'ash_pool_sandboxes{state="cold"}', 'ash_pool_sandboxes{state="running"}',
-                   "ash_pool_max_capacity", 'ash_resume_total{path="warm"}', 'ash_resume_total{path="cold"}'):
+                   "ash_pool_max_capacity", 'ash_resume_total{path="warm"}', 'ash_resume_total{path="cold"}',
+                   "ash_data_dir_free_bytes", "ash_data_dir_size_bytes"):
         assert series in text
     assert "_created" not in text
 

@@ -109,3 +109,38 @@ async def test_orphaned_sessions_paused_in_bulk(db_url: str) -> None:
         assert '"reason": "restart"' in events[-1]["data"]
     finally:
         await db.close()
+
+
+async def test_migration_4_adds_turn_open_to_a_database_made_before_it(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        async with db.engine.begin() as conn:  # the schema as the releases before step 4 made it
+            await conn.execute(text("ALTER TABLE sessions DROP COLUMN turn_open"))
+            await conn.execute(text("DELETE FROM schema_migrations WHERE version = 4"))
+        assert await migrate(db.engine) == [4]
+        sessions = Sessions(db)
+        row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        assert row.turn_open is False
+        await sessions.add_user_message(row.id, "t", "hello")
+        assert (await sessions.get("t", row.id)).turn_open is True
+    finally:
+        await db.close()
+
+
+async def test_a_turn_left_open_by_a_dead_process_is_stored_as_interrupted(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        cut = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        idle = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        await sessions.add_user_message(cut.id, "t", "a prompt the process never answered")
+        await sessions.pause_orphans()
+        frames = await sessions.frames_after(cut.id, 0)
+        assert [f.event for f in frames] == ["error", "done"]
+        assert "interrupted" in frames[0].data and "server stopped" in frames[0].data
+        events = await sessions.events("t", cut.id, 0, 10, None)
+        assert [e["type"] for e in events] == ["error", "frame", "lifecycle"]
+        assert (await sessions.get("t", cut.id)).turn_open is False
+        assert await sessions.frames_after(idle.id, 0) == []  # no turn was running there
+    finally:
+        await db.close()

@@ -59,3 +59,11 @@ def test_markdown_table_lists_every_option() -> None:
     table = options_markdown()
     for opt in OPTIONS:
         assert f"`{opt.env}`" in table
+
+
+@pytest.mark.parametrize("runner_env", [{"SERVICE_SERVER_URL": "http://coordinator:4100"}, {"SERVICE_RUNNER_ID": "r1"}])
+def test_a_runner_refuses_to_start_without_the_shared_secret(runner_env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(runner_env)
+    assert "SERVICE_INTERNAL_SECRET must be set on a runner" in str(err.value)
+    assert load_settings({**runner_env, "SERVICE_INTERNAL_SECRET": "s" * 32}).internal_secret == "s" * 32

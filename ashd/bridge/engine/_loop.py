@@ -20,6 +20,7 @@ from ashd.bridge.engine._permissions import Permissions
 from ashd.bridge.engine._skills import expand_skill
 from ashd.bridge.engine.tools import Tool, ToolContext, ToolResult, builtin_tools
 from ashd.bridge.engine.tools._task import TaskTool
+from ashd.bridge.history import close_unanswered_turn
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +126,19 @@ class Engine:
         self._query = _Query(emit, include_partial, stats, profile.model)
         content = (expand_skill(self.config.workspace, prompt) if isinstance(prompt, str) else None) or prompt
         m.append_user(self.messages, content)
+        # A turn that does not finish is closed in the conversation (history.close_unanswered_turn),
+        # so the next prompt is never merged into its unanswered one and asked again.
         try:
             subtype, text = await self._loop(self.messages, profile, None, self.config.max_turns)
         except ModelError as exc:
+            close_unanswered_turn(self.messages, f"the model call failed: {str(exc)[:300]}")
             await emit(self._result(stats, started, "error_during_execution", str(exc)))
             raise EngineError(str(exc)) from exc
         except asyncio.CancelledError:
-            m.close_dangling_tool_uses(self.messages, "interrupted by the user")
+            close_unanswered_turn(self.messages, "interrupted by the user", "interrupted by the user")
             raise
         except Exception as exc:
-            m.close_dangling_tool_uses(self.messages, f"engine failure: {exc}")
+            close_unanswered_turn(self.messages, "engine failure", f"engine failure: {exc}")
             log.exception("engine failure")
             raise EngineError(f"agent engine failed: {type(exc).__name__}: {exc}") from exc
         finally:

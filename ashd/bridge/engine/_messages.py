@@ -64,19 +64,3 @@ def append_user(messages: list[dict[str, Any]], content: str | list[dict[str, An
         messages[-1] = {"role": "user", "content": blocks}
     else:
         messages.append({"role": "user", "content": content})
-
-
-def close_dangling_tool_uses(messages: list[dict[str, Any]], reason: str) -> None:
-    """After an interrupt, answer unanswered tool_use blocks so the history stays valid."""
-    if not messages or messages[-1].get("role") != "assistant":
-        return
-    ids = [b["id"] for b in messages[-1].get("content") or [] if b.get("type") == "tool_use"]
-    if ids:
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": i, "content": reason, "is_error": True} for i in ids
-                ],
-            }
-        )

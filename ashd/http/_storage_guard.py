@@ -1,0 +1,42 @@
+"""Below the data disk's reserve, requests that would add stored data are refused before they start.
+
+The rule is by shape, so routes added later (attachments, file uploads, workspace bundles) are
+covered without a line here: every POST, PUT or PATCH under `/api/` adds data, except the actions
+below, which save or free what exists (pause and stop snapshot a workspace the tenant would
+otherwise lose; interrupt ends a turn) and the runner endpoints (`/api/internal/*`, operator-owned
+heartbeats that keep the cluster alive). DELETE is never refused: it is how space comes back.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from ashd.http._keys import SERVICES
+
+_ADDS_DATA = frozenset({"POST", "PUT", "PATCH"})
+_EXEMPT = re.compile(r"^/api/(internal/.*|sessions/[^/]+/(pause|stop|interrupt))$")
+_WHAT = (
+    (re.compile(r"^/api/sessions$"), "a new session"),
+    (re.compile(r"^/api/sessions/[^/]+/messages$"), "a new message"),
+    (re.compile(r"^/api/sessions/[^/]+/resume$"), "resuming a session"),
+    (re.compile(r"^/api/agents"), "deploying or changing an agent"),
+)
+
+
+def _what(path: str) -> str:
+    for pattern, what in _WHAT:
+        if pattern.match(path):
+            return what
+    return "this request"
+
+
+@web.middleware
+async def storage_guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method in _ADDS_DATA and request.path.startswith("/api/") and not _EXEMPT.match(request.path):
+        space = request.app[SERVICES].data_space
+        if space is not None:
+            space.require_room(_what(request.path))
+    return await handler(request)

@@ -1,0 +1,152 @@
+"""What a tenant holds on the server, and its limits: the numbers behind `GET /api/storage` and the
+409 a tenant gets when a count or its storage total is reached.
+
+Held bytes are: uploaded agent folders (current and previous version), local workspace snapshots,
+and stored messages and events (with session configurations). Each comes from a counter its writer
+keeps (`agents.stored_bytes`, `sessions.stored_bytes`, the SnapshotBoard), so the sum is a few
+indexed aggregates, never a scan of a tenant's data. Live sandbox workspaces are not a tenant's
+holdings: they are bounded per sandbox by the workspace quota and go when the sandbox goes.
+
+Later kinds of stored data (attachments, file uploads, workspace bundles) plug in the same way: a
+counter of their bytes per tenant added to `Holdings`, and a `require_room(tenant, adding=n)` before
+each write.
+
+The total is checked before work that stores more (a new session, a message, a deploy). A turn
+already running is not cut at the tenant limit (it has its own bound, SERVICE_TURN_MAX_STORED_MB),
+and neither is a snapshot at pause or stop (refusing it would lose the workspace): so a tenant can
+exceed its total by what its running turns and snapshots add, and is then refused until it deletes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+
+from ashd.errors import QuotaExceeded
+from ashd.storage._models import Agent, ApiKey, Credential, Session
+
+if TYPE_CHECKING:
+    from ashd.config import Settings
+    from ashd.storage._database import Database
+    from ashd.storage._snapshots import SnapshotBoard
+
+MIB = 1024 * 1024
+_CACHE_SECONDS = 2.0  # the pre-check on the message path reuses a sum this fresh
+_COUNTED: dict[str, Any] = {"agents": Agent, "credentials": Credential, "API keys": ApiKey}
+
+
+@dataclass(frozen=True)
+class Holdings:
+    agents: int = 0
+    agent_bytes: int = 0
+    sessions: int = 0
+    messages: int = 0
+    events: int = 0
+    history_bytes: int = 0
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    credentials: int = 0
+    api_keys: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.agent_bytes + self.history_bytes + self.snapshot_bytes
+
+
+def _limit(value: int) -> int | None:
+    return value or None  # 0 in a setting means "no limit"
+
+
+class TenantStorage:
+    def __init__(self, db: Database, board: SnapshotBoard | None, settings: Settings) -> None:
+        self._db = db
+        self._board = board
+        self._settings = settings
+        self._recent: dict[str, tuple[float, int]] = {}  # tenant -> (when, total bytes)
+
+    @property
+    def limit_bytes(self) -> int | None:
+        mb = _limit(self._settings.tenant_storage_mb)
+        return None if mb is None else mb * MIB
+
+    def count_limit(self, kind: str) -> int | None:
+        s = self._settings
+        return _limit({"agents": s.tenant_max_agents, "credentials": s.tenant_max_credentials,
+                       "API keys": s.tenant_max_api_keys}[kind])
+
+    async def holdings(self, tenant: str) -> Holdings:
+        async with self._db.read() as s:
+            agents, agent_bytes = (await s.execute(
+                select(func.count(), func.coalesce(func.sum(Agent.stored_bytes), 0)).where(Agent.tenant_id == tenant)
+            )).one()
+            history = (await s.execute(
+                select(func.count(), func.coalesce(func.sum(Session.message_count), 0),
+                       func.coalesce(func.sum(Session.event_count), 0),
+                       func.coalesce(func.sum(Session.stored_bytes), 0)).where(Session.tenant_id == tenant)
+            )).one()
+            # Snapshot sizes are per session on the board: their ids, only when there are any.
+            ids = list((await s.execute(select(Session.id).where(Session.tenant_id == tenant))).scalars()
+                       ) if self._board is not None and self._board.sessions() else []
+            credentials = (await s.execute(
+                select(func.count()).select_from(Credential).where(Credential.tenant_id == tenant))).scalar_one()
+            api_keys = (await s.execute(
+                select(func.count()).select_from(ApiKey).where(ApiKey.tenant_id == tenant))).scalar_one()
+        snapshots, snapshot_bytes = self._board.totals(ids) if self._board is not None else (0, 0)
+        held = Holdings(
+            agents=int(agents), agent_bytes=int(agent_bytes), sessions=int(history[0]),
+            messages=int(history[1]), events=int(history[2]),
+            history_bytes=int(history[3]), snapshots=snapshots, snapshot_bytes=snapshot_bytes,
+            credentials=int(credentials), api_keys=int(api_keys),
+        )
+        self._recent[tenant] = (time.monotonic(), held.total_bytes)
+        return held
+
+    async def require_room(self, tenant: str, what: str, adding: int = 0) -> None:
+        """409 when the tenant's held bytes (plus `adding`) would pass its storage limit."""
+        limit = self.limit_bytes
+        if limit is None:
+            return
+        recent = self._recent.get(tenant)
+        if recent is not None and time.monotonic() - recent[0] < _CACHE_SECONDS and recent[1] + adding < limit:
+            return
+        total = (await self.holdings(tenant)).total_bytes
+        if total + adding > limit or (adding == 0 and total >= limit):
+            raise QuotaExceeded(
+                f"Storage limit reached: this tenant holds {total / MIB:.1f} MiB of the {limit // MIB} MiB it may "
+                f"store (SERVICE_TENANT_STORAGE_MB), so {what} is refused. GET /api/storage shows what it holds; "
+                "delete agents or purge ended sessions (DELETE /api/sessions/{id}?purge=true) to make room")
+
+    async def require_count_below(self, tenant: str, kind: str) -> None:
+        """409 when the tenant already has as many `kind` ("agents", "credentials", "API keys") as allowed."""
+        limit = self.count_limit(kind)
+        if limit is None:
+            return
+        model = _COUNTED[kind]
+        async with self._db.read() as s:
+            count = (await s.execute(select(func.count()).select_from(model).where(model.tenant_id == tenant)))
+            have = int(count.scalar_one())
+        if have >= limit:
+            setting = {"agents": "SERVICE_TENANT_MAX_AGENTS", "credentials": "SERVICE_TENANT_MAX_CREDENTIALS",
+                       "API keys": "SERVICE_TENANT_MAX_API_KEYS"}[kind]
+            raise QuotaExceeded(f"Limit reached: this tenant has {have} {kind}, the most it may have ({setting}); "
+                                f"delete one to add another")
+
+    def to_json(self, tenant: str, held: Holdings) -> dict[str, Any]:
+        s = self._settings
+        return {
+            "tenantId": tenant,
+            "totalBytes": held.total_bytes,
+            "limitBytes": self.limit_bytes,
+            "agents": {"count": held.agents, "limit": self.count_limit("agents"), "bytes": held.agent_bytes,
+                       "maxUploadBytes": s.agent_max_upload_mb * MIB},
+            "sessions": {"count": held.sessions},
+            "history": {"messages": held.messages, "events": held.events, "bytes": held.history_bytes,
+                        "maxTurnBytes": s.turn_max_stored_mb * MIB, "maxTurnEvents": s.turn_max_events},
+            "snapshots": {"count": held.snapshots, "bytes": held.snapshot_bytes,
+                          "keepPerSession": s.snapshots_keep, "maxWorkspaceBytes": s.snapshot_max_mb * MIB},
+            "credentials": {"count": held.credentials, "limit": self.count_limit("credentials")},
+            "apiKeys": {"count": held.api_keys, "limit": self.count_limit("API keys")},
+        }
