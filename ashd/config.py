@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -81,6 +82,19 @@ def _text(raw: str) -> str:
 
 def _opt_text(raw: str) -> str | None:
     return raw.strip() or None
+
+
+def _agent_list(raw: str) -> tuple[str, ...]:
+    """`tenant/agent` entries separated by commas; the agent part is a valid agent name."""
+    entries = tuple(e.strip() for e in raw.split(",") if e.strip())
+    for entry in entries:
+        tenant, _, agent = entry.rpartition("/")
+        if not tenant or not _AGENT_NAME.fullmatch(agent):
+            raise ValueError(raw)
+    return entries
+
+
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
 
 
 def _db_url(raw: str) -> str | None:
@@ -221,6 +235,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_SANDBOX_EGRESS_PUBLIC", "sandbox_egress_public", "boolean", True,
            "Networked sandboxes may reach public internet addresses. Off: only the allowlist and DNS.",
            _bool),
+    Option("SERVICE_SANDBOX_PTRACE_AGENTS", "sandbox_ptrace_agents", "`tenant/agent` names separated by `,`", (),
+           "Agents whose sandboxes run the `ptrace` seccomp profile instead of `default`: the default filter "
+           "plus ptrace, process_vm_readv/writev and personality(ADDR_NO_RANDOMIZE), for debuggers and "
+           "profilers (gdb, strace, py-spy). Processes of one sandbox can then trace each other; user "
+           "namespaces, mount, bpf and keyctl stay denied. Empty: every sandbox runs `default`.",
+           _agent_list),
     Option("SERVICE_ALLOW_WEAK_ISOLATION", "allow_weak_isolation", "boolean", False,
            "Start even where bubblewrap or cgroups are missing (sandboxes are then plain child "
            "processes). Reported at start and in /health.", _bool),
@@ -316,6 +336,7 @@ class Settings:
     sandbox_network_dns: str | None = None
     sandbox_egress_allow: str | None = None
     sandbox_egress_public: bool = True
+    sandbox_ptrace_agents: tuple[str, ...] = ()
     allow_weak_isolation: bool = False
     prewarm: int = 2
     zygote: bool = True
@@ -347,6 +368,10 @@ class Settings:
         if not self.agent_roots:
             return ()
         return tuple(Path(p).expanduser().resolve() for p in self.agent_roots.split(":") if p.strip())
+
+    def seccomp_profile(self, tenant: str, agent: str) -> str:
+        """The seccomp profile of this tenant's agent's sandboxes."""
+        return "ptrace" if f"{tenant}/{agent}" in self.sandbox_ptrace_agents else "default"
 
     @property
     def effective_database_url(self) -> str:
@@ -399,6 +424,6 @@ def options_markdown() -> str:
     """The README's configuration table, generated so it never drifts from the code."""
     rows = ["| variable | accepts | default | meaning |", "|---|---|---|---|"]
     for opt in OPTIONS:
-        default = "—" if opt.default is None else f"`{opt.default}`"
+        default = "—" if opt.default in (None, ()) else f"`{opt.default}`"
         rows.append(f"| `{opt.env}` | {opt.kind} | {default} | {opt.help} |")
     return "\n".join(rows)

@@ -70,6 +70,9 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     await asyncio.to_thread(launcher.start)
     stops.append(("sandbox launcher", lambda: asyncio.to_thread(launcher.stop)))
     services.isolation = launcher.isolation
+    if settings.sandbox_ptrace_agents:
+        log.warning("seccomp: the sandboxes of %d agent(s) may ptrace (SERVICE_SANDBOX_PTRACE_AGENTS)",
+                    len(settings.sandbox_ptrace_agents))
     services.extras["launcher"] = launcher
 
     remote = None
@@ -164,6 +167,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
         network_default=settings.sandbox_network,
         sandbox_owner=lambda _sid: _sandbox_owner(),
         warmer=warmer,
+        seccomp_profile=settings.seccomp_profile,
     )
     registry = SessionRegistry(deps)
     registry_holder["r"] = registry

@@ -7,6 +7,7 @@ responsive. The pool never asks a session: losses are told to a listener (rule: 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -53,6 +54,7 @@ class _Entry:
     tenant: str | None = None
     session_id: str | None = None
     network: bool = False
+    seccomp: str = "default"
     ready: bool = False
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
@@ -139,14 +141,15 @@ class PoolActor(AioActor):
         return {e.sandbox_id: e.proc.pss_bytes() for e in self._entries.values() if e.proc is not None}
 
     # --- claims and transitions ---------------------------------------------------------------
-    def claim(self, tenant: str, session_id: str, network: bool = False) -> SandboxHandle:
+    def claim(self, tenant: str, session_id: str, network: bool = False, seccomp: str = "default") -> SandboxHandle:
         """A sandbox for this session: a pre-warmed one when possible, else a fresh one.
 
-        Pre-warmed sandboxes have no network, so a session that needs network always gets a fresh
-        one. A generic sandbox still warming is taken over rather than launching another: the
-        session's connect waits for its bridge, which is never slower than a new launch.
+        Pre-warmed sandboxes have no network and the default seccomp profile, so a session that
+        needs network or another profile always gets a fresh one. A generic sandbox still warming
+        is taken over rather than launching another: the session's connect waits for its bridge,
+        which is never slower than a new launch.
         """
-        if not network:
+        if not network and seccomp == "default":
             warm = self._oldest(PoolState.WARM)
             if warm is not None:
                 self._assign(warm, tenant, session_id, PoolState.WAITING)
@@ -161,7 +164,7 @@ class PoolActor(AioActor):
                 self._refill_later()
                 return self._handle(starting, prewarmed=False)
         self._make_room()
-        entry = self._launch(network)
+        entry = self._launch(network, seccomp)
         self._assign(entry, tenant, session_id, PoolState.WARMING)
         self._publish()
         return self._handle(entry, prewarmed=False)
@@ -297,7 +300,8 @@ class PoolActor(AioActor):
 
     def _oldest_generic_warming(self) -> _Entry | None:
         candidates = [e for e in self._entries.values()
-                      if e.state is PoolState.WARMING and e.session_id is None and not e.network]
+                      if e.state is PoolState.WARMING and e.session_id is None and not e.network
+                      and e.seccomp == "default"]
         return min(candidates, key=lambda e: e.created, default=None)
 
     def _assign(self, entry: _Entry, tenant: str, session_id: str, state: PoolState) -> None:
@@ -360,14 +364,17 @@ class PoolActor(AioActor):
                       else "idle timeout")
             self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
 
-    def _launch(self, network: bool) -> _Entry:
+    def _launch(self, network: bool, seccomp: str = "default") -> _Entry:
         sandbox_id = "sb-" + uuid.uuid4().hex[:16]
         now = time.monotonic()
-        entry = _Entry(sandbox_id, PoolState.COLD, now, now, network=network)
+        entry = _Entry(sandbox_id, PoolState.COLD, now, now, network=network, seccomp=seccomp)
         self._entries[sandbox_id] = entry
         try:
             self._launcher.prepare(sandbox_id)
-            entry.proc = self._launcher.launch(self._spec_for(sandbox_id, network))
+            spec = self._spec_for(sandbox_id, network)
+            if seccomp != spec.seccomp:
+                spec = dataclasses.replace(spec, seccomp=seccomp)
+            entry.proc = self._launcher.launch(spec)
         except Exception as exc:
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)

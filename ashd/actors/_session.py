@@ -111,7 +111,9 @@ class SessionActor(AioActor):
         env.update(deps.decrypt_env(row.env_ciphertext, row.id))
         for name in _ANTHROPIC_ENV:
             env.pop(name, None)
-        handle: SandboxHandle = deps.pool.claim(self.tenant, self.session_id, network).get(timeout=deps.ask_timeout)
+        seccomp = deps.seccomp_profile(self.tenant, row.agent_name)
+        handle: SandboxHandle = (deps.pool.claim(self.tenant, self.session_id, network, seccomp)
+                                 .get(timeout=deps.ask_timeout))
         self.handle = handle
         try:
             if deps.model_proxy is not None:

@@ -31,6 +31,8 @@ class SessionDeps:
     network_default: bool
     sandbox_owner: Callable[[str], tuple[int, int] | None]
     warmer: Any = None  # Warmer: connections made while a sandbox waited in the pool
+    # (tenant, agent name) -> seccomp profile; the operator's SERVICE_SANDBOX_PTRACE_AGENTS.
+    seccomp_profile: Callable[[str, str], str] = lambda _tenant, _agent: "default"
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the event loop from an actor thread and wait for its result."""

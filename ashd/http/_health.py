@@ -59,8 +59,15 @@ async def health(request: web.Request) -> web.Response:
         body["dataDir"] = space.measure().to_json(space.min_free, space.warn_free)
     iso = services.isolation
     if iso is not None:
-        body["isolation"] = {"bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail,
-                             "network": iso.network}
+        body["isolation"] = {
+            "bwrap": iso.bwrap, "cgroups": iso.cgroups, "weak": iso.weak, "detail": iso.detail,
+            # The profile in force for every sandbox, and how many agents the operator moved to
+            # the looser `ptrace` profile (names stay private: /health needs no key).
+            "seccomp": iso.seccomp,
+            "seccompPtraceAgents": len(services.settings.sandbox_ptrace_agents) if iso.seccomp != "none" else 0,
+            "sandboxUserNamespaces": iso.sandbox_user_namespaces,
+            "network": iso.network,
+        }
     return ok(body)
 
 

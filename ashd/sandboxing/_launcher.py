@@ -28,6 +28,7 @@ from ashd.sandboxing._netns import SandboxLink
 from ashd.sandboxing._network import SandboxNetworking
 from ashd.sandboxing._process import PopenChild, SandboxProcess
 from ashd.sandboxing._reaper import reap_leftovers
+from ashd.sandboxing._seccomp import SeccompPrograms, program_fd
 from ashd.sandboxing._types import (
     SANDBOX_HOME,
     SANDBOX_WORKSPACE,
@@ -61,6 +62,7 @@ class SandboxLauncher:
     def __init__(self, config: LauncherConfig) -> None:
         self.config = config
         self._report: IsolationReport | None = None
+        self._seccomp: SeccompPrograms | None = None
         self._cgroups: CgroupTree | None = None
         self._zygote: ZygoteClient | None = None
         self._network: SandboxNetworking | None = None
@@ -81,7 +83,8 @@ class SandboxLauncher:
     def isolation(self) -> IsolationReport:
         if self._report is None:
             self._report = probe_isolation(
-                bwrap=self.config.bwrap, allow_weak=self.config.allow_weak_isolation
+                bwrap=self.config.bwrap, allow_weak=self.config.allow_weak_isolation,
+                bwrap_route=not self.config.use_zygote,
             )
         return self._report
 
@@ -92,8 +95,10 @@ class SandboxLauncher:
     # -- start / stop ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        problems = isolation_problems(bwrap=self.config.bwrap)
-        self._report = probe_isolation(bwrap=self.config.bwrap, allow_weak=self.config.allow_weak_isolation)
+        bwrap_route = not self.config.use_zygote
+        problems = isolation_problems(bwrap=self.config.bwrap, bwrap_route=bwrap_route)
+        self._report = probe_isolation(bwrap=self.config.bwrap, allow_weak=self.config.allow_weak_isolation,
+                                       bwrap_route=bwrap_route)
         if problems and not self.config.allow_weak_isolation:
             raise ConfigError(
                 "this host cannot isolate sandboxes: "
@@ -103,6 +108,9 @@ class SandboxLauncher:
             )
         if problems:
             log.warning("WEAK SANDBOX ISOLATION: %s", "; ".join(problems))
+        else:
+            # Compiled once; every launch hands the same bytes to bwrap or the zygote.
+            self._seccomp = SeccompPrograms.compile_all()
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103  (traverse only, no listing)
         if not self.weak:
@@ -234,10 +242,19 @@ class SandboxLauncher:
                 self._zygote.start()
             return self._zygote.spawn(self._zygote_request(spec, cgroup, env, plan, log_path, netns))
         argv = spec.argv if spec.argv is not None else layout.default_argv()
-        cmd = bwrap_argv(plan, env, argv, netns=netns, bwrap=self.config.bwrap)
-        if cgroup is not None:
-            cmd = cgroup_wrapper(cgroup.procs_files, cmd)
-        return self._popen(cmd, {}, "/", log_path)
+        fd = program_fd(self._program(spec))
+        try:
+            cmd = bwrap_argv(plan, env, argv, netns=netns, seccomp_fd=fd, bwrap=self.config.bwrap)
+            if cgroup is not None:
+                cmd = cgroup_wrapper(cgroup.procs_files, cmd)
+            return self._popen(cmd, {}, "/", log_path, pass_fds=(fd,))
+        finally:
+            os.close(fd)
+
+    def _program(self, spec: SandboxSpec) -> bytes:
+        if self._seccomp is None:
+            raise SandboxError("the sandbox launcher has no seccomp filters (it was not started)")
+        return self._seccomp.program(spec.seccomp)
 
     def _zygote_request(
         self,
@@ -258,6 +275,7 @@ class SandboxLauncher:
             "newroot": str(self.sandboxes_dir / ".newroot"),
             "cgroup_procs": [str(p) for p in cgroup.procs_files] if cgroup else [],
             "log": str(log_path),
+            "seccomp": self._program(spec).hex(),
         }
 
     def _spawn_weak(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, log_path: Path) -> PopenChild:
@@ -279,7 +297,9 @@ class SandboxLauncher:
         return self._popen(argv, env, str(spec.paths.workspace), log_path)
 
     @staticmethod
-    def _popen(argv: list[str], env: dict[str, str], cwd: str, log_path: Path) -> PopenChild:
+    def _popen(
+        argv: list[str], env: dict[str, str], cwd: str, log_path: Path, pass_fds: tuple[int, ...] = ()
+    ) -> PopenChild:
         with open(log_path, "ab") as logf:
             popen = subprocess.Popen(
                 argv,
@@ -290,5 +310,6 @@ class SandboxLauncher:
                 stderr=logf,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=pass_fds,
             )
         return PopenChild(popen)

@@ -100,6 +100,24 @@ def _system_mount(path: str) -> Mount | None:
     return None
 
 
+def _with_parents(plan: list[Mount]) -> list[Mount]:
+    """Every destination's missing parents as explicit 0755 dirs, before their first use.
+
+    bwrap creates missing parents 0700 and root-owned, which the sandbox uid cannot walk: a bind
+    at /etc/ssl would leave /etc (and every file bound below it) unreachable for the payload.
+    """
+    made = {"/"}
+    out: list[Mount] = []
+    for m in plan:
+        for parent in reversed(Path(m.dest).parents):
+            if str(parent) not in made:
+                made.add(str(parent))
+                out.append(Mount("dir", str(parent)))
+        made.add(m.dest)
+        out.append(m)
+    return out
+
+
 def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
     plan: list[Mount] = []
     for path in _SYSTEM_PATHS:
@@ -126,16 +144,13 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
         Mount("proc", "/proc"),
         Mount("tmpfs", "/tmp"),
     ]
-    for p in python_paths():
-        # Parents are made world-traversable explicitly: bwrap would create them 0700.
-        plan.extend(Mount("dir", str(a)) for a in reversed(Path(p).parents) if str(a) != "/")
-        plan.append(Mount("ro-bind", p, p))
+    plan += [Mount("ro-bind", p, p) for p in python_paths()]
     plan += [
         Mount("bind", SANDBOX_WORKSPACE, str(spec.paths.workspace)),
         Mount("bind", SANDBOX_HOME, str(spec.paths.home)),
         Mount("bind", SANDBOX_RUN, str(spec.paths.run)),
     ]
-    return plan
+    return _with_parents(plan)
 
 
 def sandbox_env(spec_env: Mapping[str, str]) -> dict[str, str]:

@@ -1,9 +1,10 @@
 """One running sandbox: poll, wait, signal, the shutdown ladder, cleanup, memory figures.
 
 The pid we hold is the sandbox's host-side *monitor* (bwrap's outer process, or the zygote's
-monitor child). Its direct child is the sandbox's pid 1 (a reaper); the payload runs below it.
-Signals go to every sandbox process except those two, so a payload that ignores SIGTERM really
-survives SIGTERM (the monitor would otherwise die of it and take the payload along).
+monitor child). Below it (after a second, unprivileged bwrap on that route) runs the sandbox's
+pid 1 (a reaper); the payload runs below that. Signals go only to the payload: the processes of
+the sandbox's pid namespace other than its pid 1, so a payload that ignores SIGTERM really
+survives SIGTERM (a monitor would otherwise die of it and take the payload along).
 """
 
 from __future__ import annotations
@@ -54,12 +55,16 @@ class PopenChild:
             return None
 
 
-def _ppid(pid: int) -> int:
+def _is_payload(pid: int) -> bool:
+    """In a pid namespace below the host's (NSpid lists one pid per level) and not its pid 1."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                levels = line.split()[1:]
+                return len(levels) > 1 and levels[-1] != "1"
+    except OSError:
+        pass
+    return False
 
 
 class SandboxProcess:
@@ -132,7 +137,7 @@ class SandboxProcess:
         pids = self.sandbox_pids()
         if not self.isolated:
             return pids
-        return [p for p in pids if p != self.pid and _ppid(p) != self.pid]
+        return [p for p in pids if _is_payload(p)]
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is not None:

@@ -73,6 +73,9 @@ class SandboxSpec:
     network: bool = False
     # None: the bridge (`python -m ashd.bridge`). Tests pass other programs (fault doubles).
     argv: tuple[str, ...] | None = None
+    # The seccomp profile (`_seccomp_profile.PROFILES`): "default", or what the operator chose
+    # for this agent.
+    seccomp: str = "default"
 
 
 class ShutdownRung(enum.Enum):
@@ -116,3 +119,8 @@ class IsolationReport:
     weak: bool  # True when sandboxes run without full isolation (explicitly allowed)
     detail: str = ""
     network: str = ""  # what a sandbox that opts into network gets, or why it cannot start
+    # The seccomp profile every sandbox gets unless the operator loosened it for an agent;
+    # "none" when sandboxes run without a filter (weak isolation).
+    seccomp: str = "none"
+    # Whether a process inside a sandbox can create a user namespace (never, when isolated).
+    sandbox_user_namespaces: bool = True

@@ -5,9 +5,12 @@
                          (and a new, empty network namespace otherwise), forks, then mirrors its
                          child's death (signal N -> exit 128+N, as bwrap)
                  └──► init (pid 1): private mounts, tmpfs root, the same mount plan as bwrap,
-                         pivot_root, read-only /, forks, reaps
+                         pivot_root, read-only /, forks, then drops to uid/gid 65534 with no
+                         capabilities, no_new_privs, not dumpable, the seccomp filter, and reaps
                         └──► payload (pid 2): setsid, drops every capability, uid/gid 65534,
-                               no_new_privs, clean env, cwd /workspace, runs the program
+                               no_new_privs, clean env, cwd /workspace, the seccomp filter last,
+                               runs the program
+Nothing in the sandbox's pid namespace stays root, as with bubblewrap's own init.
 Runs in a forked copy of a single-threaded zygote, so only async-signal-safe-ish work is done and
 every failure ends in os._exit.
 """
@@ -50,6 +53,8 @@ PR_SET_DUMPABLE = 4
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), 155)
@@ -120,7 +125,10 @@ def _make_dev(target: str) -> None:
         ("ptmx", "pts/ptmx"),
     ):
         os.symlink(dest, f"{target}/{name}")
+    # POSIX shared memory and semaphores (Python multiprocessing, Chromium) need a writable
+    # /dev/shm, as on a host; what it holds is charged to the sandbox's memory cgroup.
     os.makedirs(f"{target}/shm", mode=0o755)
+    _mount("tmpfs", f"{target}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777")
     os.makedirs(f"{target}/pts", mode=0o755)
     with contextlib.suppress(OSError):  # no pty support is not fatal, as with bwrap
         opts = "newinstance,ptmxmode=0666,mode=620"
@@ -180,7 +188,9 @@ def _wait_for(pid: int) -> int:
             return status
 
 
-def _drop_privileges() -> None:
+def _become_sandbox_user() -> None:
+    """uid/gid 65534 in all three slots, no supplementary groups, an empty bounding set and (the
+    uid change clears them) no capabilities, no_new_privs."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last_cap = int(f.read())
     for cap in range(last_cap + 1):
@@ -189,9 +199,40 @@ def _drop_privileges() -> None:
     os.setresgid(SANDBOX_GID, SANDBOX_GID, SANDBOX_GID)
     os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _drop_privileges() -> None:
+    _become_sandbox_user()
     # setuid cleared "dumpable" (no exec follows, unlike bwrap's route): without it /proc/self/*
     # stays root-owned and the payload could not even read its own /proc/self/fd.
     _prctl(PR_SET_DUMPABLE, 1)
+
+
+def _drop_init_privileges() -> None:
+    """pid 1 after it forked the payload: what bubblewrap's init holds, nothing more.
+
+    It stays not dumpable, so its /proc/1 stays root's and a payload of the same uid can neither
+    read its memory nor (ptrace is also filtered) attach to it. Dumpable is inherited on fork,
+    which is why this happens only after the payload was forked. The uid change clears the
+    parent-death signal, so it is armed again: init dies with the monitor.
+    """
+    _become_sandbox_user()
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program: bytes) -> None:
+    """Load a BPF program exported by the server (an array of 8-byte `struct sock_filter`).
+    Needs no_new_privs, which the caller set. Last step before the payload: it filters us too."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    result = _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog),
+                         ctypes.c_ulong(0), ctypes.c_ulong(0))
+    _check(result, "seccomp filter")
 
 
 def _loopback_up() -> None:
@@ -240,6 +281,7 @@ def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | No
     try:
         os.setsid()
         _drop_privileges()
+        install_seccomp(bytes.fromhex(req["seccomp"]))  # a request without a filter fails closed
         _run_payload(req, entry)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -267,6 +309,8 @@ def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None)
     pid = os.fork()
     if pid == 0:
         _payload_main(req, entry)
+    _drop_init_privileges()
+    install_seccomp(bytes.fromhex(req["seccomp"]))
     _exit_like(_wait_for(pid))
 
 

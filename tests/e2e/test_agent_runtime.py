@@ -29,10 +29,14 @@ def text(value: str) -> dict[str, Any]:
     return {"type": "text", "text": value}
 
 
-@pytest.fixture
-async def runtime(aiohttp_client: Any, settings: Settings, fake_model: FakeModel) -> AsyncIterator[Api]:
+@pytest.fixture(params=["zygote", "bwrap"])
+async def runtime(
+    request: pytest.FixtureRequest, aiohttp_client: Any, settings: Settings, fake_model: FakeModel
+) -> AsyncIterator[Api]:
+    """Both launch routes: the engine, MCP servers and skills run under each route's seccomp filter."""
     server, api = await start_api(aiohttp_client, settings.with_(
-        zygote=True, prewarm=1, anthropic_base_url=fake_model.url, anthropic_api_key="sk-ant-runtime"))
+        zygote=request.param == "zygote", prewarm=1, anthropic_base_url=fake_model.url,
+        anthropic_api_key="sk-ant-runtime"))
     files = [
         {"path": "AGENT.md", "content": "You are the runtime test agent."},
         {"path": ".agent/skills/greet.md", "content": "SKILL-E2E: greet $ARGUMENTS warmly"},
