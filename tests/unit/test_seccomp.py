@@ -46,7 +46,7 @@ def test_program_fd_is_private_and_readable_from_the_start() -> None:
 
 def test_bwrap_route_locks_user_namespaces_and_loads_the_filter(tmp_path: Path) -> None:
     spec = SandboxSpec("s", SandboxPaths(tmp_path / "sandboxes" / "s"))
-    cmd = bwrap_argv(mount_plan(spec, tmp_path), {"A": "1"}, ["/bin/true"], network=False, seccomp_fd=7)
+    cmd = bwrap_argv(mount_plan(spec, tmp_path), {"A": "1"}, ["/bin/true"], netns=None, seccomp_fd=7)
     split = cmd.index("/usr/bin/setpriv")
     outer, inner = cmd[:split], cmd[cmd.index("--", split) + 1:]
     assert "--unshare-user" not in outer and "--unshare-net" in outer
