@@ -21,6 +21,8 @@ from ashd.errors import ConfigError
 if TYPE_CHECKING:
     from ashd.sandboxing._egress_policy import EgressPolicy
 
+MIN_DISK_MB = 32  # a smaller ext4 image is mostly metadata and journal
+
 
 @dataclass(frozen=True)
 class Option:
@@ -50,6 +52,13 @@ def _int_min(lo: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _disk_mb(raw: str) -> int:
+    value = int(raw.strip())
+    if value != 0 and value < MIN_DISK_MB:
+        raise ValueError(raw)
+    return value
 
 
 def _float_pos(raw: str) -> float:
@@ -214,6 +223,18 @@ OPTIONS: tuple[Option, ...] = (
            "Maximum processes and threads in one sandbox (cgroup pids).", _int_min(8)),
     Option("SERVICE_SANDBOX_CPU", "sandbox_cpu", "number > 0 (cores)", 1.0,
            "CPU limit of one sandbox, in cores (cgroup cpu quota).", _float_pos),
+    Option("SERVICE_SANDBOX_DISK_MB", "sandbox_disk_mb", f"0, or integer ≥ {MIN_DISK_MB}", 1024,
+           "Disk quota of one sandbox, in MiB: its workspace, HOME and /tmp live on a loop-mounted ext4 "
+           "image of this size, so writing past it fails with \"No space left on device\". Agents "
+           "(`diskMb`) and sessions (`diskMb`) may ask for another size up to "
+           "`SERVICE_SANDBOX_DISK_MAX_MB`. 0: no quota (a sandbox can fill the data dir's disk).", _disk_mb),
+    Option("SERVICE_SANDBOX_DISK_MAX_MB", "sandbox_disk_max_mb", f"integer ≥ {MIN_DISK_MB}", 4096,
+           "Largest disk an agent or a session may ask for (`diskMb`), in MiB.", _int_min(MIN_DISK_MB)),
+    Option("SERVICE_SANDBOX_DISK_PREALLOCATE", "sandbox_disk_preallocate", "boolean", False,
+           "Reserve each sandbox's whole disk on the data dir when the sandbox is made, so that all "
+           "sandboxes together never need more than the disk has (a sandbox that does not fit is "
+           "refused with 503). Off: disk images are sparse and use only what is written, so the sum "
+           "of the quotas may exceed the free space.", _bool),
     Option("SERVICE_SANDBOX_NETWORK", "sandbox_network", "boolean", False,
            "Give every sandbox network access: its own network namespace behind NAT, limited by the "
            "`SERVICE_SANDBOX_EGRESS_*` rules (never the host, its networks or private ranges). Off: no "
@@ -331,6 +352,9 @@ class Settings:
     sandbox_memory_mb: int = 512
     sandbox_pids: int = 256
     sandbox_cpu: float = 1.0
+    sandbox_disk_mb: int = 1024
+    sandbox_disk_max_mb: int = 4096
+    sandbox_disk_preallocate: bool = False
     sandbox_network: bool = False
     sandbox_network_subnet: str = "10.213.0.0/16"
     sandbox_network_dns: str | None = None
@@ -415,6 +439,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # A runner proves itself to its coordinator with the shared secret; a generated one cannot match.
         problems.append("SERVICE_INTERNAL_SECRET must be set on a runner (SERVICE_SERVER_URL or "
                         "SERVICE_RUNNER_ID given), to the coordinator's value")
+    if settings.sandbox_disk_mb > settings.sandbox_disk_max_mb:
+        problems.append(f"SERVICE_SANDBOX_DISK_MB={settings.sandbox_disk_mb} is above "
+                        f"SERVICE_SANDBOX_DISK_MAX_MB={settings.sandbox_disk_max_mb}; raise the maximum")
     if problems:
         raise ConfigError("; ".join(problems))
     return settings

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,12 +60,13 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
                     "server's local sandbox pool (the runner registry endpoints are available)")
     loop = asyncio.get_running_loop()
     limits = SandboxLimits(memory_bytes=settings.sandbox_memory_mb * 1024 * 1024, pids=settings.sandbox_pids,
-                           cpu_cores=settings.sandbox_cpu)
+                           cpu_cores=settings.sandbox_cpu, disk_bytes=settings.sandbox_disk_mb * 1024 * 1024)
     _check_socket_paths(settings.data_path)
     launcher = SandboxLauncher(LauncherConfig(data_dir=settings.data_path, limits=limits,
                                               use_zygote=settings.zygote,
                                               allow_weak_isolation=settings.allow_weak_isolation,
-                                              egress=settings.egress_policy()))
+                                              egress=settings.egress_policy(),
+                                              preallocate_disk=settings.sandbox_disk_preallocate))
     await asyncio.to_thread(launcher.start)
     stops.append(("sandbox launcher", lambda: asyncio.to_thread(launcher.stop)))
     services.isolation = launcher.isolation
@@ -100,7 +100,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     orphans = await sessions.pause_orphans()
     if orphans:
         log.info("paused sessions left active by the previous process", extra={"count": len(orphans)})
-    await _rescue_workspaces(sessions, snapshots, launcher.sandboxes_dir, settings.actor_timeout_seconds)
+    await _rescue_workspaces(sessions, snapshots, launcher, settings.actor_timeout_seconds)
 
     from ashd.storage._agents import resolve_agent
     from ashd.storage._credentials import use_credential
@@ -182,21 +182,23 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     return stops
 
 
-async def _rescue_workspaces(sessions: Sessions, snapshots: Any, sandboxes: Path, timeout: float) -> None:
+async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: SandboxLauncher,
+                             timeout: float) -> None:
     """Sandboxes never outlive the server, but a killed server leaves their directories behind.
 
     The workspace of a session's last sandbox holds its newest files (newer than any snapshot:
     snapshots are taken from it), so it becomes the session's newest snapshot, which the files
-    API serves and a cold resume restores. Then the directory goes.
+    API serves and a cold resume restores. Then the directory goes. A disk image that is no longer
+    mounted (a reboot) is mounted again to read it.
     """
-    dirs = [d for d in sandboxes.glob("sb-*") if d.is_dir()]
+    dirs = [d for d in launcher.sandboxes_dir.glob("sb-*") if d.is_dir()]
     if not dirs:
         return
     owners = await sessions.owners_of_sandboxes([d.name for d in dirs])
     for d in dirs:
         session_id = owners.get(d.name)
-        workspace = d / "workspace"
-        if session_id is not None and workspace.is_dir():
+        workspace = await asyncio.to_thread(launcher.mount_leftover, d.name) if session_id is not None else None
+        if session_id is not None and workspace is not None:
             try:
                 await asyncio.to_thread(_snapshot_sync, snapshots, session_id, workspace, timeout * 4)
             except Exception:
@@ -205,20 +207,20 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, sandboxes: Path
                 continue
             log.info("snapshotted the workspace of a sandbox left by the previous process",
                      extra={"sessionId": session_id, "sandboxId": d.name})
-        await asyncio.to_thread(shutil.rmtree, d, True)
+        await asyncio.to_thread(launcher.destroy_dirs, d.name)
 
 
 def _snapshot_sync(snapshots: Any, session_id: str, workspace: Path, timeout: float) -> None:
     snapshots.snapshot(session_id, workspace).get(timeout=timeout)
 
 
-# sun_path is 108 bytes on Linux; the deepest socket is <data>/sandboxes/<id>/run/bridge.sock.
+# sun_path is 108 bytes on Linux; the deepest socket is <data>/sandboxes/<id>/disk/run/bridge.sock.
 _SOCKET_PATH_MAX = 107
 _SANDBOX_ID_LEN = len("sb-") + 16
 
 
 def _check_socket_paths(data: Path) -> None:
-    deepest = len(str(data / "sandboxes")) + 1 + _SANDBOX_ID_LEN + len("/run/bridge.sock")
+    deepest = len(str(data / "sandboxes")) + 1 + _SANDBOX_ID_LEN + len("/disk/run/bridge.sock")
     if deepest > _SOCKET_PATH_MAX:
         from ashd.errors import ConfigError
 

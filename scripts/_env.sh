@@ -8,8 +8,9 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)  # setpriv, nsenter
 # The sandbox seccomp filters are compiled with libseccomp (through the pyseccomp binding).
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || need_apt+=(libseccomp2)
-# Full-disk tests mount a small ext4 image of their own (mkfs.ext4, mount through a loop device).
-command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+# mkfs.ext4 makes every sandbox's disk image (the disk quota), and full-disk tests mount a small
+# ext4 image of their own; it lives in /sbin.
+PATH="$PATH:/usr/sbin:/sbin" command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v mount >/dev/null 2>&1 || need_apt+=(mount)
 # Networked sandboxes: their egress firewall and NAT (the nft binary lives in /usr/sbin).
 { [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; } || need_apt+=(nftables)

@@ -67,6 +67,7 @@ async def health(request: web.Request) -> web.Response:
             "seccompPtraceAgents": len(services.settings.sandbox_ptrace_agents) if iso.seccomp != "none" else 0,
             "sandboxUserNamespaces": iso.sandbox_user_namespaces,
             "network": iso.network,
+            "diskQuota": iso.disk_quota,
         }
     return ok(body)
 

@@ -107,6 +107,10 @@ class SandboxCgroup:
             return _read_int_field(self._dir("memory") / "memory.events", "oom_kill")
         return _read_int_field(self._dir("memory") / "memory.oom_control", "oom_kill")
 
+    def pids_limit_hits(self) -> int:
+        """How many forks (or thread creations) failed because the sandbox reached pids.max."""
+        return _read_int_field(self._dir("pids") / "pids.events", "max")
+
     def memory_bytes(self) -> int:
         name = "memory.current" if self.version == "v2" else "memory.usage_in_bytes"
         try:

@@ -8,6 +8,7 @@ straight from short-lived actor threads would kill sandboxes when an actor stops
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from ashd.errors import ConfigError, SandboxError
 from ashd.sandboxing import _layout as layout
 from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, cgroup_wrapper
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup
+from ashd.sandboxing._disk import MIB, create_image, disk_quota_problems, is_mounted, mount_image, unmount
 from ashd.sandboxing._egress_policy import EgressPolicy, resolv_conf
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
 from ashd.sandboxing._netns import SandboxLink
@@ -56,6 +58,8 @@ class LauncherConfig:
     bwrap: str = BWRAP
     # What sandboxes that opt into network may reach (docs/security.md, "Network").
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+    # Allocate each sandbox disk image whole when it is made (no overcommit of the data disk).
+    preallocate_disk: bool = False
 
 
 class SandboxLauncher:
@@ -70,6 +74,7 @@ class SandboxLauncher:
         self._running: dict[str, SandboxProcess] = {}
         self._lock = threading.Lock()
         self._started = False
+        self._disk_quota = False
 
     @staticmethod
     def _new_spawner() -> concurrent.futures.ThreadPoolExecutor:
@@ -92,6 +97,11 @@ class SandboxLauncher:
     def weak(self) -> bool:
         return self.isolation.weak
 
+    @property
+    def disk_quota(self) -> bool:
+        """Sandbox disks are size-limited images (SandboxLimits.disk_bytes), not plain directories."""
+        return self._disk_quota
+
     # -- start / stop ----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -111,6 +121,7 @@ class SandboxLauncher:
         else:
             # Compiled once; every launch hands the same bytes to bwrap or the zygote.
             self._seccomp = SeccompPrograms.compile_all()
+        self._start_disk_quota()
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103  (traverse only, no listing)
         if not self.weak:
@@ -132,12 +143,46 @@ class SandboxLauncher:
             self._spawner.submit(self._zygote.start).result()
         self._started = True
 
+    def _start_disk_quota(self) -> None:
+        size_mb = self.config.limits.disk_bytes // MIB
+        self._disk_quota = False
+        if size_mb <= 0:
+            log.warning("sandbox disk quota is off (SERVICE_SANDBOX_DISK_MB=0): a sandbox can fill the "
+                        "data dir's filesystem")
+            detail = "no disk quota (off)"
+        elif self.weak:
+            detail = "no disk quota (weak isolation)"
+        elif problems := disk_quota_problems():
+            if not self.config.allow_weak_isolation:
+                raise ConfigError(
+                    f"sandbox disk quotas (SERVICE_SANDBOX_DISK_MB={size_mb}) need loop-mounted ext4 images, "
+                    "which this host cannot make: " + "; ".join(problems) + ". Fix that, or set "
+                    "SERVICE_SANDBOX_DISK_MB=0 to run without a disk quota (a sandbox could then fill the "
+                    "data dir's filesystem).")
+            log.warning("WEAK SANDBOX ISOLATION: no sandbox disk quota: %s", "; ".join(problems))
+            detail = "no disk quota: " + "; ".join(problems)
+        else:
+            self._disk_quota = True
+            detail = f"disk quota {size_mb} MiB (loop-mounted ext4 images)"
+        report = self.isolation
+        self._report = dataclasses.replace(report, disk_quota=self._disk_quota,
+                                           detail=f"{report.detail}; {detail}")
+
     def stop(self) -> None:
         with self._lock:
             running = list(self._running.values())
         for proc in running:
             proc.kill()
             proc.cleanup()
+        # The pool destroys its sandboxes before this; whatever is still mounted (a test's
+        # sandbox, a destroy that failed) is unmounted, never deleted: the next start's rescue
+        # mounts the image again.
+        for disk in self.sandboxes_dir.glob("*/disk"):
+            if is_mounted(disk):
+                try:
+                    unmount(disk)
+                except SandboxError:
+                    log.exception("could not unmount a sandbox disk at stop", extra={"path": str(disk)})
         if self._zygote is not None:
             self._zygote.stop()
             self._zygote = None
@@ -162,24 +207,50 @@ class SandboxLauncher:
             raise SandboxError(f"invalid sandbox id {sandbox_id!r}: use letters, digits, '_', '-', '.'")
         return SandboxPaths(self.sandboxes_dir / sandbox_id)
 
-    def prepare(self, sandbox_id: str) -> SandboxPaths:
+    def prepare(self, sandbox_id: str, disk_bytes: int | None = None) -> SandboxPaths:
+        """The sandbox's directories, on a disk image of `disk_bytes` (default: the configured
+        size) when disk quotas are on. Blocking: mkfs and mount take about 5 ms."""
         paths = self.paths_for(sandbox_id)
         paths.root.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.root, 0o711)  # noqa: S103  (traverse only, no listing)
+        paths.disk.mkdir(exist_ok=True)
+        size = self.config.limits.disk_bytes if disk_bytes is None else disk_bytes
+        if self._disk_quota and size > 0 and not is_mounted(paths.disk):
+            if not paths.image.exists():
+                create_image(paths.image, size, preallocate=self.config.preallocate_disk)
+            mount_image(paths.image, paths.disk, discard=not self.config.preallocate_disk)
+        os.chmod(paths.disk, 0o711)  # noqa: S103  (traverse only, no listing)
         for d in (paths.workspace, paths.home, paths.run):
             d.mkdir(exist_ok=True)
             if not self.weak:
                 os.chown(d, layout.SANDBOX_UID, layout.SANDBOX_GID)
             os.chmod(d, 0o700)
+        paths.tmp.mkdir(exist_ok=True)
+        os.chmod(paths.tmp, 0o1777)  # noqa: S103  (the sandbox's /tmp: sticky, as on any host)
         paths.logs.mkdir(mode=0o700, exist_ok=True)
         return paths
+
+    def mount_leftover(self, sandbox_id: str) -> Path | None:
+        """The workspace a killed server left behind, its disk mounted again if it is not any more
+        (a reboot): for the start-up rescue. None when there is no workspace to rescue."""
+        paths = self.paths_for(sandbox_id)
+        if paths.image.exists() and not is_mounted(paths.disk):
+            paths.disk.mkdir(exist_ok=True)
+            try:
+                mount_image(paths.image, paths.disk, discard=not self.config.preallocate_disk)
+            except SandboxError:
+                log.exception("could not mount a leftover sandbox disk", extra={"sandboxId": sandbox_id})
+                return None
+        return paths.workspace if paths.workspace.is_dir() else None
 
     def destroy_dirs(self, sandbox_id: str, keep_workspace: bool = False) -> None:
         paths = self.paths_for(sandbox_id)
         if not keep_workspace:
+            # Unmount first: removing the tree through the mount would be slow and leave it mounted.
+            unmount(paths.disk)
             shutil.rmtree(paths.root, ignore_errors=True)
             return
-        for d in (paths.home, paths.run, paths.logs):
+        for d in (paths.home, paths.run, paths.logs, paths.tmp):
             shutil.rmtree(d, ignore_errors=True)
 
     # -- launch ----------------------------------------------------------------------------------
@@ -211,6 +282,8 @@ class SandboxLauncher:
             isolated=not self.weak,
             oom_kills_before=oom_before,
             on_cleanup=self._forget,
+            limits=spec.limits,
+            disk_quota=self._disk_quota and is_mounted(spec.paths.disk),
         )
         with self._lock:
             self._running[spec.sandbox_id] = proc

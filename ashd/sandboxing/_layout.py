@@ -136,13 +136,15 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
     for name in names:
         plan.append(Mount("ro-bind", f"/etc/{name}", str(etc / name)))
     # The private /tmp (and the other fresh mounts) come before the interpreter binds: a venv or a
-    # checkout that lives under /tmp on the host would otherwise be hidden by the new tmpfs.
+    # checkout that lives under /tmp on the host would otherwise be hidden by the new /tmp. It is on
+    # the sandbox's disk, like the workspace: a tmpfs would count against memory and end in OOM
+    # kills, where a full disk gives a plain "No space left on device".
     plan += [
         Mount("dir", "/home"),
         Mount("dir", "/run"),
         Mount("dev", "/dev"),
         Mount("proc", "/proc"),
-        Mount("tmpfs", "/tmp"),
+        Mount("bind", "/tmp", str(spec.paths.tmp)),
     ]
     plan += [Mount("ro-bind", p, p) for p in python_paths()]
     plan += [

@@ -22,7 +22,8 @@ from typing import Protocol
 import psutil
 
 from ashd.sandboxing._cgroups import SandboxCgroup
-from ashd.sandboxing._types import ExitInfo, ExitReason, SandboxPaths, ShutdownRung
+from ashd.sandboxing._meter import ResourceMeter
+from ashd.sandboxing._types import ExitInfo, ExitReason, SandboxLimits, SandboxPaths, ShutdownRung
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class SandboxProcess:
         isolated: bool,
         oom_kills_before: int = 0,
         on_cleanup: Callable[[SandboxProcess], None] | None = None,
+        limits: SandboxLimits | None = None,
+        disk_quota: bool = False,
     ) -> None:
         self.sandbox_id = sandbox_id
         self.pid = child.pid
@@ -88,6 +91,9 @@ class SandboxProcess:
         self._child = child
         self._oom_before = oom_kills_before
         self._on_cleanup = on_cleanup
+        self.limits = limits or SandboxLimits()
+        # What the sandbox ran into (OOM kills, refused forks, a full disk), read from the host side.
+        self.meter = ResourceMeter(cgroup, paths.disk if disk_quota else None, self.limits)
         self._exit: ExitInfo | None = None
         self._lock = threading.Lock()
         self._cleaned = False
@@ -108,7 +114,7 @@ class SandboxProcess:
                     reason = ExitReason.SIGNALLED
                 else:
                     reason = ExitReason.ERROR
-                self._exit = ExitInfo(rc, reason)
+                self._exit = ExitInfo(rc, reason, self.limits.memory_bytes)
             return self._exit
 
     def poll(self) -> ExitInfo | None:

@@ -16,7 +16,7 @@ REMOVE_TIMEOUT = 10.0
 
 def reap_leftovers(data_dir: Path, tree: CgroupTree | None = None) -> int:
     """Kill leftover sandbox processes found in our cgroups, remove those cgroups and any stale
-    sockets under `<data_dir>/sandboxes/*/run/`. Returns how many processes were killed."""
+    sockets under `<data_dir>/sandboxes/*/disk/run/`. Returns how many processes were killed."""
     killed = 0
     if tree is None and detect_version() != "none":
         tree = CgroupTree(data_dir)
@@ -35,7 +35,7 @@ def reap_leftovers(data_dir: Path, tree: CgroupTree | None = None) -> int:
                 log.error("leftover sandbox cgroup %s could not be removed", cg.dirs)
     if tree is not None:
         tree.sweep_empty_parents()
-    for sock in (data_dir / "sandboxes").glob("*/run/*.sock"):
+    for sock in (data_dir / "sandboxes").glob("*/disk/run/*.sock"):
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
     if killed:

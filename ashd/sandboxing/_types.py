@@ -2,14 +2,17 @@
 
 A sandbox lives in `<data dir>/sandboxes/<sandbox id>/` on the host:
 
-    workspace/   mounted read-write at /workspace   (the agent's files; the only writable place
-                                                     besides HOME and a private /tmp)
-    home/        mounted read-write at /home/agent  (HOME of the sandbox user)
-    run/         mounted read-write at /run/ashd    (bridge.sock: the bridge listens here;
-                                                     model.sock: the server's model proxy)
-    logs/        host only: sandbox stdout/stderr and setup logs
+    disk.img        the sandbox's disk: a sparse ext4 image as big as its quota (host only)
+    disk/           where that image is mounted; everything the sandbox can write is in it:
+      workspace/    mounted read-write at /workspace   (the agent's files)
+      home/         mounted read-write at /home/agent  (HOME of the sandbox user)
+      tmp/          mounted read-write at /tmp
+      run/          mounted read-write at /run/ashd    (bridge.sock: the bridge listens here;
+                                                        model.sock: the server's model proxy)
+      logs/         host only: sandbox stdout/stderr (inside the image, so it counts too)
 
-Nothing else of the data dir is visible inside.
+Without a disk quota (SERVICE_SANDBOX_DISK_MB=0, or weak isolation) `disk/` is a plain directory
+with the same layout. Nothing else of the data dir is visible inside.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class SandboxLimits:
     memory_bytes: int = 512 * 1024 * 1024
     pids: int = 256
     cpu_cores: float = 1.0
+    # Size of the sandbox's disk (workspace, HOME, /tmp); 0: no quota, plain directories.
+    disk_bytes: int = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,20 +43,32 @@ class SandboxPaths:
     root: Path
 
     @property
+    def image(self) -> Path:
+        return self.root / "disk.img"
+
+    @property
+    def disk(self) -> Path:
+        return self.root / "disk"
+
+    @property
     def workspace(self) -> Path:
-        return self.root / "workspace"
+        return self.disk / "workspace"
 
     @property
     def home(self) -> Path:
-        return self.root / "home"
+        return self.disk / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.disk / "tmp"
 
     @property
     def run(self) -> Path:
-        return self.root / "run"
+        return self.disk / "run"
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.disk / "logs"
 
     @property
     def bridge_socket(self) -> Path:
@@ -98,10 +115,12 @@ class ExitReason(enum.Enum):
 class ExitInfo:
     returncode: int
     reason: ExitReason
+    memory_limit_bytes: int = 0
 
     def describe(self) -> str:
         if self.reason is ExitReason.OUT_OF_MEMORY:
-            return "out of memory: the sandbox exceeded its memory limit and was killed"
+            limit = f" of {self.memory_limit_bytes // (1024 * 1024)} MiB" if self.memory_limit_bytes else ""
+            return f"out of memory: the sandbox exceeded its memory limit{limit} and was killed"
         if self.reason is ExitReason.SIGNALLED:
             return f"sandbox killed by signal {-self.returncode}"
         if self.reason is ExitReason.ERROR:
@@ -124,3 +143,4 @@ class IsolationReport:
     seccomp: str = "none"
     # Whether a process inside a sandbox can create a user namespace (never, when isolated).
     sandbox_user_namespaces: bool = True
+    disk_quota: bool = False  # sandbox disks are loop-mounted images of a fixed size

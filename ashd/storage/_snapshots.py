@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import gzip
 import logging
 import os
@@ -375,6 +376,8 @@ def restore_workspace(snapshot: SnapshotInfo | Path, dest: Path) -> int:
                 try:
                     tf.extract(member, dest, filter=member_filter)
                 except OSError as exc:  # e.g. a directory where the snapshot has a file
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise  # the destination is full: a partial restore must not pass as whole
                     skipped.append(f"{member.name!r}: {exc}")
                     if restored and restored[-1] == member.name:
                         restored.pop()

@@ -156,5 +156,7 @@ def test_allocating_past_the_memory_limit_is_reported_as_out_of_memory(tmp_path:
         proc = launcher.launch(spec)
         info = proc.wait(60)
         proc.cleanup()
-    assert info.reason is ExitReason.OUT_OF_MEMORY, (info, (paths.logs / "sandbox.log").read_text())
-    assert "did not hold" not in (paths.logs / "sandbox.log").read_text()
+        log = (paths.logs / "sandbox.log").read_text()  # on the sandbox's disk: read before stop unmounts it
+    assert info.reason is ExitReason.OUT_OF_MEMORY, (info, log)
+    assert "did not hold" not in log
+    assert "memory limit of 96 MiB" in info.describe()

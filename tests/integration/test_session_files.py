@@ -10,6 +10,7 @@ import pytest
 from yarl import URL
 
 from ashd.devtools.fake_model import FakeModel
+from ashd.sandboxing import SandboxPaths
 from tests.conftest import Api
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.integration.test_sessions import create, deploy, sapi, send  # noqa: F401
@@ -21,7 +22,7 @@ EXCLUDED = ("node_modules/pkg/index.js", ".git/config", "__pycache__/m.pyc", ".c
 
 
 def _workspace(api: Api, session: dict[str, Any]) -> Path:
-    return Path(api.server.settings.data_dir) / "sandboxes" / str(session["sandboxId"]) / "workspace"
+    return SandboxPaths(Path(api.server.settings.data_dir) / "sandboxes" / str(session["sandboxId"])).workspace
 
 
 def _populate(ws: Path) -> None:

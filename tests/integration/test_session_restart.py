@@ -1,5 +1,6 @@
 """A real `python -m ashd serve` killed with SIGKILL and started again: nothing stored is lost,
-sessions come back `paused`, and a cold resume restores files and conversation."""
+sessions come back `paused`, and a cold resume restores files and conversation, also from a
+sandbox disk image that is no longer mounted."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 
 from ashd.config import Settings
 from ashd.devtools.fake_model import FakeModel
+from ashd.sandboxing import SandboxPaths
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.fixtures.sse import parse_frames
 
@@ -123,7 +125,13 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
         status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/messages")
         before[sid] = body["messages"]
 
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sids[0]}")
+    disk = SandboxPaths(Path(proc.env["SERVICE_DATA_DIR"]) / "sandboxes" / body["session"]["sandboxId"]).disk
     proc.kill()
+    # The sandbox disks stay mounted after a SIGKILL; after a reboot they would not be: the rescue
+    # must mount the image again to read the first session's files (it has no snapshot at all).
+    assert os.path.ismount(disk)
+    subprocess.run(["umount", "-l", str(disk)], check=True)
     key = await proc.start()
 
     for sid in sids:

@@ -1,0 +1,145 @@
+"""The sandbox disk quota on both launch routes: a loop-mounted ext4 image per sandbox that the
+kernel enforces, everything writable inside on it, no loop device or mount left behind, the image
+mountable again for the start-up rescue, and preallocation that refuses what the data disk lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ashd.errors import CapacityError
+from ashd.sandboxing import ExitReason, SandboxLimits, SandboxPaths
+from ashd.sandboxing._disk import disk_quota_problems, is_mounted
+from tests.fixtures.sandboxes import ROUTES, TEST_LIMITS, program_spec, require_isolation, started_launcher
+
+pytestmark = pytest.mark.sandbox
+MIB = 1024 * 1024
+DISK = 48 * MIB
+
+
+def require_disk_quota() -> None:
+    require_isolation()
+    problems = disk_quota_problems()
+    if problems:
+        message = f"this host cannot make sandbox disks: {'; '.join(problems)}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def loop_devices_for(path: Path) -> list[str]:
+    """Loop devices whose backing file is `path` (the kernel's own list, in /sys)."""
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip().removesuffix(" (deleted)") == str(path):
+                found.append(backing.parent.parent.name)
+    return found
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size_mb: int) -> Iterator[Path]:
+    """A filesystem of the test's own, so its free space moves only with what the test does."""
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_writes_past_the_disk_fail_with_no_space_and_the_host_pays_at_most_the_quota(
+        tmp_path: Path, route: str) -> None:
+    require_disk_quota()
+    limits = SandboxLimits(memory_bytes=256 * MIB, pids=64, disk_bytes=DISK)
+    with small_tmpfs(tmp_path / "fs", 256) as fs, started_launcher(fs / "data", route) as launcher:
+        free_before = _free(fs)
+        paths = launcher.prepare("filler", DISK)
+        assert is_mounted(paths.disk) and paths.image.stat().st_size == DISK
+        proc = launcher.launch(program_spec(paths, "filler", "disk_probe.py", "200", limits=limits))
+        info = proc.wait(120)
+        proc.cleanup()
+        log = (paths.logs / "sandbox.log").read_text()
+        lowest_free = _free(fs)  # the probe left the sandbox's disk full
+        assert info.reason is ExitReason.NORMAL, log
+        verdict = json.loads(log.strip().splitlines()[-1])
+        launcher.destroy_dirs("filler")
+        assert loop_devices_for(paths.image) == []
+        assert not paths.root.exists()
+    assert verdict["same_fs"], verdict  # /workspace, /tmp and HOME are all on the sandbox's disk
+    assert DISK - 8 * MIB < verdict["disk_total"] <= DISK
+    for place in ("workspace", "tmp", "home"):
+        result = verdict[place]
+        assert "No space left on device" in result["error"], (place, result)
+        assert result["size"] <= DISK, (place, result)
+    assert free_before - lowest_free <= DISK + MIB  # the image (plus the small log and etc files)
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_the_disk_image_is_not_visible_inside_and_outlives_a_lost_mount(tmp_path: Path) -> None:
+    """What the start-up rescue relies on: after a reboot (or a server in a private mount
+    namespace) the image is no longer mounted; mounting it again brings the workspace back."""
+    require_disk_quota()
+    with started_launcher(tmp_path, "zygote") as launcher:
+        paths = launcher.prepare("leftover", DISK)
+        (paths.workspace / "notes.txt").write_text("kept across the lost mount")
+        subprocess.run(["umount", "-l", str(paths.disk)], check=True)  # what a reboot does
+        assert not (paths.workspace / "notes.txt").exists()
+        workspace = launcher.mount_leftover("leftover")
+        assert workspace == paths.workspace
+        assert (workspace / "notes.txt").read_text() == "kept across the lost mount"
+        launcher.destroy_dirs("leftover")
+        assert loop_devices_for(paths.image) == [] and not paths.root.exists()
+        assert launcher.mount_leftover("never-made") is None
+
+
+def test_stop_unmounts_what_is_left_and_keeps_the_image(tmp_path: Path) -> None:
+    require_disk_quota()
+    with started_launcher(tmp_path, "bwrap") as launcher:
+        paths = launcher.prepare("left", DISK)
+        (paths.workspace / "a.txt").write_text("a")
+    assert not is_mounted(paths.disk)
+    assert loop_devices_for(paths.image) == []
+    assert paths.image.exists()  # the next start's rescue mounts it again
+
+
+def test_preallocated_disks_reserve_their_space_and_refuse_what_does_not_fit(tmp_path: Path) -> None:
+    require_disk_quota()
+    with small_tmpfs(tmp_path / "fs", 96) as fs, \
+            started_launcher(fs / "data", "zygote", preallocate_disk=True) as launcher:
+        paths = launcher.prepare("reserved", DISK)
+        assert paths.image.stat().st_blocks * 512 >= DISK  # all of it, up front
+        with pytest.raises(CapacityError, match="not enough free space"):
+            launcher.prepare("too-big", 64 * MIB)
+        assert not SandboxPaths(launcher.sandboxes_dir / "too-big").image.exists()
+        launcher.destroy_dirs("too-big")
+        launcher.destroy_dirs("reserved")
+
+
+def test_without_a_quota_the_layout_is_the_same_plain_directories(tmp_path: Path) -> None:
+    require_isolation()
+    limits = SandboxLimits(memory_bytes=TEST_LIMITS.memory_bytes, pids=TEST_LIMITS.pids, disk_bytes=0)
+    from ashd.sandboxing import LauncherConfig, SandboxLauncher
+
+    launcher = SandboxLauncher(LauncherConfig(tmp_path, limits, use_zygote=False))
+    launcher.start()
+    try:
+        assert not launcher.disk_quota and not launcher.isolation.disk_quota
+        assert "no disk quota" in launcher.isolation.detail
+        paths = launcher.prepare("plain")
+        assert not is_mounted(paths.disk) and not paths.image.exists()
+        assert all(d.is_dir() for d in (paths.workspace, paths.home, paths.tmp, paths.run, paths.logs))
+    finally:
+        launcher.stop()
