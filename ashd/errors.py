@@ -72,6 +72,12 @@ class StorageFull(StorageError):
     status_code = 507
 
 
+class DiskQuotaExceeded(ServiceError):
+    """Files do not fit in a sandbox's disk quota (a larger `diskMb` would help)."""
+
+    status_code = 507
+
+
 class DatabaseUnavailable(StorageError):
     """The database cannot be reached (connection refused, lost, shutting down): 503."""
 

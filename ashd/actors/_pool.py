@@ -55,6 +55,7 @@ class _Entry:
     session_id: str | None = None
     network: bool = False
     seccomp: str = "default"
+    disk_bytes: int = 0  # size of its disk (SandboxLimits.disk_bytes)
     ready: bool = False
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
@@ -141,37 +142,42 @@ class PoolActor(AioActor):
         return {e.sandbox_id: e.proc.pss_bytes() for e in self._entries.values() if e.proc is not None}
 
     # --- claims and transitions ---------------------------------------------------------------
-    def claim(self, tenant: str, session_id: str, network: bool = False, seccomp: str = "default") -> SandboxHandle:
+    def claim(self, tenant: str, session_id: str, network: bool = False, seccomp: str = "default",
+              disk_bytes: int | None = None) -> SandboxHandle:
         """A sandbox for this session: a pre-warmed one when possible, else a fresh one.
 
-        Pre-warmed sandboxes have no network and the default seccomp profile, so a session that
-        needs network or another profile always gets a fresh one. A generic sandbox still warming
-        is taken over rather than launching another: the session's connect waits for its bridge,
-        which is never slower than a new launch.
+        Pre-warmed sandboxes have no network, the default seccomp profile and a disk of the
+        default size, so a session that needs network, another profile or another disk size always
+        gets a fresh one (a mounted ext4 cannot shrink, and growing it online needs
+        CAP_SYS_RESOURCE; a fresh disk costs about 5 ms). A generic sandbox still warming is taken
+        over rather than launching another: the session's connect waits for its bridge, which is
+        never slower than a new launch. `disk_bytes` None: any size.
         """
         if not network and seccomp == "default":
-            warm = self._oldest(PoolState.WARM)
+            warm = self._oldest(PoolState.WARM, disk_bytes)
             if warm is not None:
                 self._assign(warm, tenant, session_id, PoolState.WAITING)
                 self._counters["preWarmHits"] += 1
                 self._publish()
                 self._refill_later()  # after the reply: the claim never waits for a launch
                 return self._handle(warm, prewarmed=True)
-            starting = self._oldest_generic_warming()
+            starting = self._oldest_generic_warming(disk_bytes)
             if starting is not None:
                 self._assign(starting, tenant, session_id, PoolState.WARMING)
                 self._publish()
                 self._refill_later()
                 return self._handle(starting, prewarmed=False)
         self._make_room()
-        entry = self._launch(network, seccomp)
+        entry = self._launch(network, seccomp, disk_bytes)
         self._assign(entry, tenant, session_id, PoolState.WARMING)
         self._publish()
         return self._handle(entry, prewarmed=False)
 
     def _handle(self, entry: _Entry, prewarmed: bool) -> SandboxHandle:
         paths = self._launcher.paths_for(entry.sandbox_id)
-        return SandboxHandle(entry.sandbox_id, paths, prewarmed=prewarmed)
+        meter = getattr(entry.proc, "meter", None)
+        return SandboxHandle(entry.sandbox_id, paths, prewarmed=prewarmed, meter=meter,
+                             disk_bytes=entry.disk_bytes)
 
     def mark_ready(self, sandbox_id: str) -> None:
         """The session has connected to and configured its sandbox: warming → waiting.
@@ -290,18 +296,19 @@ class PoolActor(AioActor):
         self._publish()
 
     # --- helpers -----------------------------------------------------------------------------
-    def _oldest(self, state: PoolState) -> _Entry | None:
-        candidates = [e for e in self._entries.values() if e.state is state]
+    def _oldest(self, state: PoolState, disk_bytes: int | None = None) -> _Entry | None:
+        candidates = [e for e in self._entries.values() if e.state is state
+                      and (disk_bytes is None or e.disk_bytes == disk_bytes)]
         if state is PoolState.WAITING:
             # Sessions still being configured are not candidates (see _Entry.configured).
             candidates = [e for e in candidates if e.configured]
         return min(candidates, key=lambda e: e.last_active if state is PoolState.WAITING else e.created,
                    default=None)
 
-    def _oldest_generic_warming(self) -> _Entry | None:
+    def _oldest_generic_warming(self, disk_bytes: int | None = None) -> _Entry | None:
         candidates = [e for e in self._entries.values()
                       if e.state is PoolState.WARMING and e.session_id is None and not e.network
-                      and e.seccomp == "default"]
+                      and e.seccomp == "default" and (disk_bytes is None or e.disk_bytes == disk_bytes)]
         return min(candidates, key=lambda e: e.created, default=None)
 
     def _assign(self, entry: _Entry, tenant: str, session_id: str, state: PoolState) -> None:
@@ -364,20 +371,26 @@ class PoolActor(AioActor):
                       else "idle timeout")
             self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
 
-    def _launch(self, network: bool, seccomp: str = "default") -> _Entry:
+    def _launch(self, network: bool, seccomp: str = "default", disk_bytes: int | None = None) -> _Entry:
         sandbox_id = "sb-" + uuid.uuid4().hex[:16]
         now = time.monotonic()
         entry = _Entry(sandbox_id, PoolState.COLD, now, now, network=network, seccomp=seccomp)
         self._entries[sandbox_id] = entry
         try:
-            self._launcher.prepare(sandbox_id)
+            self._launcher.prepare(sandbox_id, disk_bytes)  # None: the configured size
             spec = self._spec_for(sandbox_id, network)
             if seccomp != spec.seccomp:
                 spec = dataclasses.replace(spec, seccomp=seccomp)
+            if disk_bytes is not None:
+                spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, disk_bytes=disk_bytes))
+            entry.disk_bytes = spec.limits.disk_bytes
             entry.proc = self._launcher.launch(spec)
         except Exception as exc:
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
+            if isinstance(exc, CapacityError):  # no room on the data disk for its image: say so
+                log.warning("sandbox launch refused: %s", exc.message, extra={"sandboxId": sandbox_id})
+                raise
             log_failure(log, "sandbox launch failed", exc, sandboxId=sandbox_id)
             # The exception's text may name host paths; clients get its kind, the log the rest.
             raise SandboxError(f"Sandbox could not be started ({type(exc).__name__}); the details are in "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from ashd.sandboxing._types import SandboxPaths
 
@@ -31,6 +32,9 @@ class SandboxHandle:
     sandbox_id: str
     paths: SandboxPaths
     prewarmed: bool  # taken from the warm set (bridge already up)
+    # The sandbox's ResourceMeter (OOM kills, refused forks, a full disk), read by the turn.
+    meter: Any = None
+    disk_bytes: int = 0
 
 
 class LossReason(enum.Enum):

@@ -7,6 +7,7 @@ on the event loop (`deps.run`); the actor thread waits for them, the loop never 
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 from ashd.actors._aio import AioActor
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.errors import BadRequest, Conflict, Gone, SandboxError, ServiceError, StorageFull
+from ashd.errors import BadRequest, Conflict, DiskQuotaExceeded, Gone, SandboxError, ServiceError, StorageFull
 from ashd.sandboxing._agent_setup import prepare_workspace
 from ashd.storage._failures import log_failure, storage_failure
 from ashd.storage._models import Session
@@ -112,20 +113,30 @@ class SessionActor(AioActor):
         for name in _ANTHROPIC_ENV:
             env.pop(name, None)
         seccomp = deps.seccomp_profile(self.tenant, row.agent_name)
-        handle: SandboxHandle = (deps.pool.claim(self.tenant, self.session_id, network, seccomp)
+        disk_mb = config.get("diskMb") or getattr(agent, "disk_mb", None)
+        disk_bytes = int(disk_mb) * 1024 * 1024 if disk_mb else None
+        handle: SandboxHandle = (deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
                                  .get(timeout=deps.ask_timeout))
         self.handle = handle
         try:
             if deps.model_proxy is not None:
                 deps.model_proxy.set_key_provider(handle.sandbox_id, lambda key=api_key: key)
             restored = False
-            if restore and deps.snapshots is not None:
-                restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
-                                .get(timeout=deps.ask_timeout))
-            prepare_workspace(None if restored else Path(agent.path), handle.paths.workspace,
-                              None if restored else config.get("systemPrompt"),
-                              None if restored else config.get("mcpServers"),
-                              deps.sandbox_owner(handle.sandbox_id))
+            try:
+                if restore and deps.snapshots is not None:
+                    restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
+                                    .get(timeout=deps.ask_timeout))
+                prepare_workspace(None if restored else Path(agent.path), handle.paths.workspace,
+                                  None if restored else config.get("systemPrompt"),
+                                  None if restored else config.get("mcpServers"),
+                                  deps.sandbox_owner(handle.sandbox_id))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                what = "workspace snapshot" if restore else "agent folder"
+                raise DiskQuotaExceeded(
+                    f"The session's {what} does not fit in its sandbox disk of {handle.disk_bytes // 1048576} "
+                    "MiB; give the session (or the agent) a larger `diskMb`") from exc
             history: list[dict[str, Any]] = []
             if resume_history:
                 from ashd.bridge.history import history_from_stored
@@ -236,7 +247,8 @@ class SessionActor(AioActor):
         assert self.handle is not None
         self.deps.run(self.deps.sessions.add_user_message(self.session_id, self.tenant, content))
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
-                               "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic())
+                               "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
+                               meter=self.handle.meter)
         return self.turn
 
     def end_turn(self, query_id: str) -> None:

@@ -62,3 +62,4 @@ class TurnTicket:
     connection: Any  # BridgeConnection, used only on the event loop
     model: str | None
     started: float
+    meter: Any = None  # the sandbox's ResourceMeter: limits hit, counted by the host's kernel

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from aiohttp import web
 
 from ashd.errors import BadRequest, NotFound
-from ashd.http._json import body_object, ok, opt_str, opt_str_map, req_str, tenant
+from ashd.http._json import body_object, ok, opt_disk_mb, opt_str, opt_str_map, req_str, tenant
 from ashd.http._keys import SERVICES
 from ashd.storage import _files
 from ashd.storage._agent_paths import fd_path, open_dir
@@ -80,6 +80,7 @@ async def deploy(request: web.Request) -> web.Response:
         model=opt_str(body, "model", max_len=255),
         env=opt_str_map(body, "env"),
         network=_opt_bool(body, "network"),
+        disk_mb=opt_disk_mb(body, request.app[SERVICES].settings.sandbox_disk_max_mb),
     )
     return ok({"agent": record.to_json()}, status=201)
 
@@ -98,13 +99,14 @@ async def get_agent(request: web.Request) -> web.Response:
 @routes.patch("/api/agents/{name}")
 async def patch_agent(request: web.Request) -> web.Response:
     body = await body_object(request)
-    if not {"model", "env", "network"} & set(body):
-        raise BadRequest("nothing to update: send `model`, `env` and/or `network`")
+    if not {"model", "env", "network", "diskMb"} & set(body):
+        raise BadRequest("nothing to update: send `model`, `env`, `network` and/or `diskMb`")
     record = await _agents(request).patch(
         tenant(request), request.match_info["name"],
         model=opt_str(body, "model", max_len=255) if "model" in body else KEEP,
         env=opt_str_map(body, "env") if "env" in body else KEEP,
         network=bool(_opt_bool(body, "network")) if "network" in body else KEEP,
+        disk_mb=opt_disk_mb(body, request.app[SERVICES].settings.sandbox_disk_max_mb) if "diskMb" in body else KEEP,
     )
     return ok({"agent": record.to_json()})
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ashd.config import MIN_DISK_MB
 from ashd.errors import BadRequest
 from ashd.http._keys import TENANT
 
@@ -73,6 +74,17 @@ def opt_str_map(body: dict[str, Any], key: str) -> dict[str, str] | None:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise BadRequest(f"`{key}` must be an object of string values")
     return dict(value)
+
+
+def opt_disk_mb(body: dict[str, Any], max_mb: int) -> int | None:
+    """`diskMb`: the sandbox disk size a session or an agent asks for, within the operator's maximum."""
+    value = body.get("diskMb")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_DISK_MB <= value <= max_mb:
+        raise BadRequest(f"`diskMb` must be an integer from {MIN_DISK_MB} to {max_mb}: the sandbox disk size "
+                         "in MiB, at most this server's maximum (SERVICE_SANDBOX_DISK_MAX_MB)")
+    return value
 
 
 def query_int(request: web.Request, key: str, default: int, lo: int, hi: int) -> int:

@@ -11,6 +11,7 @@ from ashd.errors import BadRequest, SandboxError
 from ashd.http._json import (
     body_object,
     ok,
+    opt_disk_mb,
     opt_str,
     opt_str_list,
     opt_str_map,
@@ -99,6 +100,13 @@ async def create_session(request: web.Request) -> web.Response:
     agent = await registry.deps.resolve_agent(ten, agent_name)  # 404 before anything is written
     await services.tenant_storage.require_room(ten, "a new session")
     config = _create_config(body)
+    max_disk = services.settings.sandbox_disk_max_mb
+    disk_mb = opt_disk_mb(body, max_disk) or agent.disk_mb
+    if disk_mb is not None:
+        if disk_mb > max_disk:  # the operator lowered the maximum after the agent was deployed
+            raise BadRequest(f"agent {agent_name} asks for a sandbox disk of {disk_mb} MiB, above this server's "
+                             f"maximum of {max_disk} MiB; send a smaller `diskMb` or update the agent")
+        config["diskMb"] = disk_mb  # pinned: a cold resume gets the same size whatever the agent says later
     credential_id = opt_str(body, "credentialId", max_len=64)
     if credential_id is not None:
         from ashd.storage._credentials import Credentials

@@ -76,12 +76,14 @@ class AgentRecord:
     network: bool
     created_at: str | None
     updated_at: str | None
+    disk_mb: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "name": self.name, "tenantId": self.tenant_id, "version": self.version,
             "path": self.path, "model": self.model, "env": {k: MASK for k in self.env_names},
-            "network": self.network, "createdAt": self.created_at, "updatedAt": self.updated_at,
+            "network": self.network, "diskMb": self.disk_mb, "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
         }
 
 
@@ -96,6 +98,7 @@ class AgentView:
     model: str | None
     env: Mapping[str, str]
     network: bool
+    disk_mb: int | None = None  # sandbox disk size the agent asks for; None: the server default
 
     def __repr__(self) -> str:  # env values may be secrets
         return f"AgentView(name={self.name!r}, version={self.version}, path={self.path!r})"
@@ -172,7 +175,7 @@ def _record(row: Agent, env_names: tuple[str, ...]) -> AgentRecord:
     return AgentRecord(
         id=row.id, tenant_id=row.tenant_id, name=row.name, version=row.version, path=row.path,
         managed=row.managed, model=row.model, env_names=env_names, network=row.network,
-        created_at=iso(row.created_at), updated_at=iso(row.updated_at),
+        created_at=iso(row.created_at), updated_at=iso(row.updated_at), disk_mb=row.disk_mb,
     )
 
 
@@ -239,7 +242,8 @@ class Agents:
     async def resolve(self, tenant: str, name: str) -> AgentView:
         row = await self._row(tenant, name)
         return AgentView(id=row.id, name=row.name, version=row.version, path=str(self._checked_path(row)),
-                         model=row.model, env=MappingProxyType(self._env(row)), network=row.network)
+                         model=row.model, env=MappingProxyType(self._env(row)), network=row.network,
+                         disk_mb=row.disk_mb)
 
     async def folder(self, tenant: str, name: str) -> Path:
         """The agent's directory (canonical), for file listing and reading: open it with
@@ -251,17 +255,18 @@ class Agents:
     async def deploy(
         self, tenant: str, name: str, *, path: str | None = None, files: Sequence[AgentFile] | None = None,
         system_prompt: str | None = None, model: str | None = None, env: Mapping[str, str] | None = None,
-        network: bool | None = None,
+        network: bool | None = None, disk_mb: int | None = None,
     ) -> AgentRecord:
         """Register or redeploy `name` (upsert, version + 1). Exactly one source: `path`, or
-        `files`/`system_prompt`. `model`, `env`, `network` left as None keep their stored values."""
+        `files`/`system_prompt`. `model`, `env`, `network`, `disk_mb` left as None keep their
+        stored values."""
         check_name(name)
         env = check_env(env) if env is not None else None
         if path is not None and (files or system_prompt is not None):
             raise BadRequest("give either `path` or `files`/`systemPrompt`, not both")
         if path is not None:
             folder = await asyncio.to_thread(self.paths.check, path, tenant)
-            return await self._upsert(tenant, name, folder, None, model, env, network)
+            return await self._upsert(tenant, name, folder, None, model, env, network, disk_mb)
         if not files and system_prompt is None:
             raise BadRequest("`path` is required (or upload the agent with `files` and/or `systemPrompt`)")
         prompt_bytes = len(system_prompt.encode()) if system_prompt is not None else 0
@@ -277,16 +282,17 @@ class Agents:
         base = self._root / tenant_dir_name(tenant) / name
         staging = await asyncio.to_thread(self._materialise, base, checked)
         try:
-            return await self._upsert(tenant, name, None, (base, staging), model, env, network)
+            return await self._upsert(tenant, name, None, (base, staging), model, env, network, disk_mb)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
 
     async def patch(
         self, tenant: str, name: str, *, model: str | _Keep | None = KEEP,
         env: Mapping[str, str] | _Keep | None = KEEP, network: bool | _Keep = KEEP,
+        disk_mb: int | _Keep | None = KEEP,
     ) -> AgentRecord:
-        """Update model/env/network without a new version. Pass `KEEP` for a field to leave it;
-        `None` clears model or env."""
+        """Update model/env/network/disk_mb without a new version. Pass `KEEP` for a field to leave
+        it; `None` clears model, env or disk_mb."""
         async with self._db.tx() as s:
             row = (await s.execute(
                 select(Agent).where(Agent.tenant_id == tenant, Agent.name == name).with_for_update()
@@ -299,6 +305,8 @@ class Agents:
                 row.env_ciphertext = self._encrypt_env(tenant, row.id, check_env(env) if env else None)
             if not isinstance(network, _Keep):
                 row.network = network
+            if not isinstance(disk_mb, _Keep):
+                row.disk_mb = disk_mb
             row.updated_at = utcnow()
             await s.flush()
             return self._to_record(row)
@@ -352,18 +360,18 @@ class Agents:
 
     async def _upsert(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
-        model: str | None, env: Mapping[str, str] | None, network: bool | None,
+        model: str | None, env: Mapping[str, str] | None, network: bool | None, disk_mb: int | None = None,
     ) -> AgentRecord:
         for _ in range(_DEPLOY_ATTEMPTS):
             try:
-                return await self._upsert_once(tenant, name, folder, staged, model, env, network)
+                return await self._upsert_once(tenant, name, folder, staged, model, env, network, disk_mb)
             except IntegrityError:
                 log.debug("concurrent first deploy of agent %s; retrying as an update", name)
         raise BadRequest(f"agent {name} is being deployed concurrently too often; retry")
 
     async def _upsert_once(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
-        model: str | None, env: Mapping[str, str] | None, network: bool | None,
+        model: str | None, env: Mapping[str, str] | None, network: bool | None, disk_mb: int | None = None,
     ) -> AgentRecord:
         now = utcnow()
         async with self._db.tx() as s:
@@ -398,6 +406,8 @@ class Agents:
                 row.env_ciphertext = self._encrypt_env(tenant, row.id, env)
             if network is not None:
                 row.network = network
+            if disk_mb is not None:
+                row.disk_mb = disk_mb
             await s.flush()
             return self._to_record(row)
 

@@ -64,10 +64,15 @@ def _v4_turn_open(conn: Connection) -> None:
     _add_column(conn, "sessions", "turn_open", "BOOLEAN NOT NULL DEFAULT FALSE")
 
 
+def _v5_agent_disk_mb(conn: Connection) -> None:
+    _add_column(conn, "agents", "disk_mb", "INTEGER")
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
     (3, "storage accounting", _v3_storage_accounting),
     (4, "sessions.turn_open: turns cut short by a crash are recorded at the next start", _v4_turn_open),
+    (5, "agents.disk_mb: per-agent sandbox disk size", _v5_agent_disk_mb),
 ]
 
 

@@ -103,6 +103,7 @@ class Agent(Base):
     network: Mapped[bool] = mapped_column(Boolean, default=False)
     # Bytes of the uploaded folders kept on disk (current and previous version; 0 for a `path`).
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    disk_mb: Mapped[int | None] = mapped_column(Integer, default=None)  # sandbox disk size; None: default
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

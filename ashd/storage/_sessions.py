@@ -64,7 +64,7 @@ def session_json(row: Session) -> dict[str, Any]:
         "lastActiveAt": iso(row.last_active_at),
     }
     for key in ("systemPrompt", "permissionMode", "allowedTools", "disallowedTools", "betas", "subagents",
-                "initialAgent", "network"):
+                "initialAgent", "network", "diskMb"):
         if key in config:
             out[key] = config[key]
     if "mcpServers" in config:
