@@ -31,11 +31,15 @@ class Metrics:
         self.resumes = Counter("ash_resume", "Session resumes by path", ["path"], registry=r)
         self.data_free = Gauge("ash_data_dir_free_bytes", "Free bytes on the data dir's filesystem", registry=r)
         self.data_size = Gauge("ash_data_dir_size_bytes", "Size of the data dir's filesystem in bytes", registry=r)
+        self.limit_hits = Counter("ash_sandbox_limit_hits", "Sandbox limits hit (OOM kills, refused forks, "
+                                  "full disks), as reported to sessions", ["limit"], registry=r)
         self.up.set(1)
         for state in POOL_STATES:
             self.pool.labels(state=state)
         for path in ("warm", "cold"):
             self.resumes.labels(path=path)
+        for limit in ("memory", "pids", "disk"):
+            self.limit_hits.labels(limit=limit)
 
     def refresh(self, *, uptime: int, active_sessions: int, pool: Mapping[str, int],
                 data_space: DiskSpace | None = None) -> None:
@@ -52,6 +56,9 @@ class Metrics:
 
     def count_resume(self, path: str) -> None:
         self.resumes.labels(path=path).inc()
+
+    def count_limit_hit(self, limit: str) -> None:
+        self.limit_hits.labels(limit=limit).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

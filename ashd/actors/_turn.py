@@ -174,14 +174,16 @@ class TurnRecorder:
         self.counted_events += rows
         self.counted_bytes += cost
 
-    async def error(self, message: str, *, counted: bool = False) -> tuple[int, str]:
+    async def error(self, message: str, *, counted: bool = False, limit: str | None = None) -> tuple[int, str]:
         """Record an `error` frame. The server's own (why a turn ended) are never refused; the
-        bridge's are `counted`, since a sandbox could otherwise send them without end."""
-        raw = json.dumps({"error": message})
+        bridge's, and the sandbox limits it hit (`limit`: memory, pids, disk), are `counted`, since a
+        sandbox could otherwise cause them without end."""
+        data = {"error": message} if limit is None else {"error": message, "limit": limit}
+        raw = json.dumps(data)
         if counted:
             self._account(raw, "error", 1)
         seq = await self._seq()
-        self._events.append(EventRecord(seq, "error", {"error": message}, "error", raw))
+        self._events.append(EventRecord(seq, "error", data, "error", raw))
         self._kick()
         return seq, raw
 

@@ -17,6 +17,8 @@ from ashd.bridge._setup import SetupFailed, run_setup
 from ashd.bridge.engine import Engine, EngineConfig, EngineError
 
 log = logging.getLogger(__name__)
+# How long a tool call waits for the server's limits_report before going on without one.
+LIMITS_CHECK_TIMEOUT = 30.0
 
 
 class BridgeServer:
@@ -86,7 +88,10 @@ class Connection:
         self.reader = p.FrameReader(sock)
         self.writer = p.FrameWriter(sock)
         self.greeted = False
+        self.protocol = 1
         self.queries: dict[str, asyncio.Task[None]] = {}
+        self._checks: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
+        self._check_seq = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
 
@@ -169,6 +174,11 @@ class Connection:
         elif kind == p.SHUTDOWN:
             log.info("shutdown requested")
             self.server.stop()
+        elif kind == p.LIMITS_REPORT:
+            waiter = self._checks.pop(str(frame.get("checkId")), None)
+            if waiter is not None and not waiter.done():
+                notices = frame.get("notices")
+                waiter.set_result([n for n in notices if isinstance(n, dict)] if isinstance(notices, list) else [])
         elif fid is not None:
             await self.send(p.make(p.ERROR, id=fid, error=f"protocol: unknown command type {kind!r}"))
 
@@ -184,6 +194,7 @@ class Connection:
             )
             return
         self.greeted = True
+        self.protocol = max(common)
         await self.send(
             p.make(
                 p.READY,
@@ -234,11 +245,15 @@ class Connection:
             async def emit(data: dict[str, Any]) -> None:
                 await self.send(p.make(p.MESSAGE, id=fid, data=data))
 
+            async def check_limits() -> list[dict[str, Any]]:
+                return await self._check_limits(fid)
+
             await engine.query(
                 prompt,
                 emit=emit,
                 model=frame.get("model") or None,
                 include_partial=bool(frame.get("includePartialMessages")),
+                check_limits=check_limits if self.protocol >= 2 else None,
             )
         except asyncio.CancelledError:
             if self.sock.fileno() < 0:
@@ -254,6 +269,22 @@ class Connection:
         finally:
             self.queries.pop(fid, None)
         await self.send_quiet(p.make(p.DONE, id=fid))
+
+    async def _check_limits(self, query_id: str) -> list[dict[str, Any]]:
+        """Ask the server which sandbox limits were hit (it reads the kernel's counters; the bridge
+        cannot see them). Returns its notices `{limit, message}`; none if it does not answer."""
+        self._check_seq += 1
+        check_id = f"c-{self._check_seq}"
+        waiter: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+        self._checks[check_id] = waiter
+        try:
+            await self.send(p.make(p.LIMITS_CHECK, id=query_id, checkId=check_id))
+            return await asyncio.wait_for(waiter, LIMITS_CHECK_TIMEOUT)
+        except (TimeoutError, OSError):
+            log.warning("the server did not answer a limits check")
+            return []
+        finally:
+            self._checks.pop(check_id, None)
 
     async def _exec(self, fid: str | None, frame: p.Frame) -> None:
         engine = self.server.engine

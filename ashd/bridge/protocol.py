@@ -1,4 +1,4 @@
-"""Bridge protocol v1: newline-delimited JSON frames over a Unix stream socket.
+"""Bridge protocol v2 (v1 still spoken): newline-delimited JSON frames over a Unix stream socket.
 
 Shared by the bridge (inside the sandbox) and the server's bridge client. The authoritative
 description is `docs/protocol.md`. Both readers ignore unknown fields; frames are capped at
@@ -17,8 +17,9 @@ import json
 import socket
 from typing import Any
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+PROTOCOL_VERSION = 2
+# 2 adds the bridge's `limits_check` request and the server's `limits_report` answer.
+SUPPORTED_VERSIONS = (1, 2)
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 _RECV_CHUNK = 64 * 1024
 
@@ -30,7 +31,8 @@ INTERRUPT = "interrupt"
 EXEC = "exec"
 SHUTDOWN = "shutdown"
 PING = "ping"
-COMMAND_TYPES = frozenset({HELLO, INIT, QUERY, INTERRUPT, EXEC, SHUTDOWN, PING})
+LIMITS_REPORT = "limits_report"  # v2: the answer to a bridge's limits_check
+COMMAND_TYPES = frozenset({HELLO, INIT, QUERY, INTERRUPT, EXEC, SHUTDOWN, PING, LIMITS_REPORT})
 
 # bridge -> server
 READY = "ready"
@@ -41,7 +43,8 @@ DONE = "done"
 LOG = "log"
 EXEC_RESULT = "exec_result"
 PONG = "pong"
-EVENT_TYPES = frozenset({READY, INIT_OK, MESSAGE, ERROR, DONE, LOG, EXEC_RESULT, PONG})
+LIMITS_CHECK = "limits_check"  # v2: after a tool call, "did the sandbox hit a limit?"
+EVENT_TYPES = frozenset({READY, INIT_OK, MESSAGE, ERROR, DONE, LOG, EXEC_RESULT, PONG, LIMITS_CHECK})
 
 Frame = dict[str, Any]
 

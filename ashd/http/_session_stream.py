@@ -18,6 +18,7 @@ from ashd.http._json import body_object, opt_str, tenant
 from ashd.http._keys import SERVICES
 from ashd.http._sse import SseSink
 from ashd.logs import emit_line
+from ashd.sandboxing._meter import LimitNotice
 from ashd.services import Services
 from ashd.storage._models import iso, utcnow
 
@@ -86,9 +87,23 @@ async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial
     first_event_ms: float | None = None
     count = 0
     stopped = False  # past a storage bound: the bridge winds the query down, nothing more is kept
+
+    async def limits_check() -> list[dict[str, Any]]:
+        nonlocal count, stopped
+        if stopped:
+            return []
+        try:
+            notices = await _report_limits(services, ticket, recorder, sink)
+        except TurnLimitReached as exc:
+            stopped = True
+            await _stop_turn(ticket, recorder, sink, exc)
+            return []
+        count += sum(1 for n in notices if n.new)
+        return [n.to_json() for n in notices]
+
     try:
         async for frame in ticket.connection.query(content, model=ticket.model, include_partial_messages=partial,
-                                                   query_id=ticket.query_id):
+                                                   query_id=ticket.query_id, on_limits_check=limits_check):
             kind = frame.get("type")
             if first_event_ms is None:
                 first_event_ms = (time.monotonic() - ticket.started) * 1000
@@ -116,6 +131,8 @@ async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial
                 except TurnLimitReached as exc:
                     stopped = True
                     await _stop_turn(ticket, recorder, sink, exc)
+        # Limits hit outside a tool call (an MCP server, a background process) are told at the end.
+        await limits_check()
     except (SandboxError, OSError) as exc:
         reason = await _sandbox_failure(services, ticket, exc)
         await _send_error(recorder, sink, reason)
@@ -136,12 +153,14 @@ def turn_limits(services: Services) -> TurnLimits:
     return TurnLimits(s.turn_max_stored_mb * 1024 * 1024, s.turn_max_events, s.storage_retry_seconds)
 
 
-async def _send_error(recorder: TurnRecorder, sink: SseSink, message: str, *, counted: bool = False) -> None:
+async def _send_error(recorder: TurnRecorder, sink: SseSink, message: str, *, counted: bool = False,
+                      limit: str | None = None) -> None:
     """An `error` frame, stored with its id; without an id when storage is failing (it is not stored)."""
     try:
-        seq, raw = await recorder.error(message, counted=counted)
+        seq, raw = await recorder.error(message, counted=counted, limit=limit)
     except StorageError:
-        await sink.send("error", json.dumps({"error": message}))
+        data = {"error": message} if limit is None else {"error": message, "limit": limit}
+        await sink.send("error", json.dumps(data))
         return
     await sink.send("error", raw, seq)
 
@@ -170,6 +189,21 @@ async def _finish(services: Services, ticket: TurnTicket, recorder: TurnRecorder
             "will not be replayed; nothing stored before was lost. Send the message again once space is freed")}))
     await _record_usage(services, ticket, recorder, stored=not done.unstored)
     await sink.send("done", done.raw, done.sequence)
+
+
+async def _report_limits(services: Services, ticket: TurnTicket, recorder: TurnRecorder,
+                         sink: SseSink) -> list[LimitNotice]:
+    """The limits the sandbox hit, read on the host (cgroup counters, the disk's fill), never taken
+    from the bridge: each new one becomes an `error` frame and event, counted against the turn's
+    bounds (a sandbox can hit its limits on purpose, as often as it likes). The bridge's
+    `limits_check` gets them all, for the tool result the model reads."""
+    notices: list[LimitNotice] = await asyncio.to_thread(ticket.meter.check) if ticket.meter is not None else []
+    for notice in (n for n in notices if n.new):
+        log.warning("sandbox limit hit: %s", notice.message,
+                    extra={"sessionId": ticket.session_id, "sandboxId": ticket.sandbox_id, "limit": notice.limit})
+        services.metrics.count_limit_hit(notice.limit)
+        await _send_error(recorder, sink, notice.message, counted=True, limit=notice.limit)
+    return notices
 
 
 async def _sandbox_failure(services: Services, ticket: TurnTicket, exc: Exception) -> str:

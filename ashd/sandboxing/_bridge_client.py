@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ashd.bridge import protocol as p
@@ -24,6 +24,8 @@ from ashd.errors import SandboxError
 log = logging.getLogger(__name__)
 
 LogHandler = Callable[[p.Frame], None]
+# Answers a query's `limits_check` (protocol v2): the limits the sandbox hit, as {limit, message}.
+LimitsHandler = Callable[[], Awaitable[list[dict[str, Any]]]]
 _CONNECT_RETRY_S = 0.02
 
 
@@ -171,9 +173,12 @@ class BridgeConnection:
         model: str | None = None,
         include_partial_messages: bool = False,
         query_id: str | None = None,
+        on_limits_check: LimitsHandler | None = None,
         **extra: Any,
     ) -> AsyncIterator[p.Frame]:
-        """Yield the query's `message`/`error` frames and finally its `done` frame."""
+        """Yield the query's `message`/`error` frames and finally its `done` frame. The bridge's
+        `limits_check` requests are answered here with what `on_limits_check` returns (nothing
+        without one): the bridge waits for that answer before it goes on."""
         qid = query_id or _new_id("q")
         self._parked[qid] = deque()
         try:
@@ -189,6 +194,11 @@ class BridgeConnection:
             )
             while True:
                 frame = await self._frame_for(qid)
+                if frame["type"] == p.LIMITS_CHECK:
+                    notices = await on_limits_check() if on_limits_check is not None else []
+                    await self._send(p.make(p.LIMITS_REPORT, id=qid, checkId=frame.get("checkId"),
+                                            notices=notices))
+                    continue
                 yield frame
                 if frame["type"] == p.DONE:
                     return
@@ -197,6 +207,7 @@ class BridgeConnection:
 
     async def interrupt(self, query_id: str) -> None:
         await self._send(p.make(p.INTERRUPT, id=query_id))
+
 
     async def exec(self, argv: list[str], timeout: float = 60.0) -> p.Frame:
         """Run a program in the workspace: {exitCode, stdout, stderr[, timedOut]}."""

@@ -54,7 +54,7 @@ class RawClient:
 async def test_hello_init_query_done(bridge: BridgeHarness) -> None:
     conn = await bridge.connect()
     assert conn.ready["type"] == "ready"
-    assert conn.ready["protocol"] == 1
+    assert conn.ready["protocol"] == 2
     assert conn.pid == bridge.process.pid  # type: ignore[union-attr]
     assert conn.ready["bridgeVersion"]
     init_ok = await conn.init({})
@@ -146,10 +146,10 @@ async def test_oversized_frame_is_refused_and_connection_survives(bridge: Bridge
 
 async def test_unknown_fields_and_types_are_ignored(bridge: BridgeHarness) -> None:
     raw = await RawClient.open(bridge.socket)
-    await raw.send({"type": "hello", "protocol": 1, "protocols": [1, 2], "client": "future", "x": {"y": 1}})
+    await raw.send({"type": "hello", "protocol": 2, "protocols": [1, 2, 3], "client": "future", "x": {"y": 1}})
     ready = await raw.read()
     assert ready["type"] == "ready"
-    assert ready["protocol"] == 1
+    assert ready["protocol"] == 2
     await raw.send({"type": "init", "id": "i1", "config": {"futureOption": True}, "extra": 1})
     assert (await raw.read())["type"] == "init_ok"
     await raw.send({"type": "some_future_notice", "payload": 1})  # no id: silently ignored

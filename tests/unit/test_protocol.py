@@ -46,10 +46,12 @@ def test_encode_requires_type() -> None:
 
 
 def test_constants() -> None:
-    assert p.PROTOCOL_VERSION == 1
+    assert p.PROTOCOL_VERSION == 2
+    assert p.SUPPORTED_VERSIONS == (1, 2)
     assert p.MAX_FRAME_BYTES == 16 * 1024 * 1024
-    assert {p.HELLO, p.INIT, p.QUERY, p.INTERRUPT, p.EXEC, p.SHUTDOWN, p.PING} == p.COMMAND_TYPES
-    assert {p.READY, p.INIT_OK, p.MESSAGE, p.ERROR, p.DONE, p.LOG, p.EXEC_RESULT, p.PONG} == p.EVENT_TYPES
+    assert {p.HELLO, p.INIT, p.QUERY, p.INTERRUPT, p.EXEC, p.SHUTDOWN, p.PING, p.LIMITS_REPORT} == p.COMMAND_TYPES
+    assert {p.READY, p.INIT_OK, p.MESSAGE, p.ERROR, p.DONE, p.LOG, p.EXEC_RESULT, p.PONG,
+            p.LIMITS_CHECK} == p.EVENT_TYPES
 
 
 async def _n(reader: p.FrameReader) -> int:

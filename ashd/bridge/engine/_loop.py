@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +28,8 @@ from ashd.bridge.history import close_unanswered_turn
 log = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
+# Asks the server which sandbox limits were hit: [{limit, message}] (docs/protocol.md, v2).
+CheckLimits = Callable[[], Awaitable[list[dict[str, Any]]]]
 MODEL_ALIASES = {"sonnet": "claude-sonnet-4-5", "opus": "claude-opus-4-5", "haiku": "claude-haiku-4-5"}
 
 
@@ -54,6 +59,7 @@ class _Query:
     include_partial: bool
     stats: RunStats
     model: str
+    check_limits: CheckLimits | None = None
 
 
 class Engine:
@@ -116,6 +122,7 @@ class Engine:
         emit: Emit,
         model: str | None = None,
         include_partial: bool = False,
+        check_limits: CheckLimits | None = None,
     ) -> dict[str, Any]:
         """Run one user turn to completion; emits SDK messages and returns the result message."""
         if self._query is not None:
@@ -123,7 +130,7 @@ class Engine:
         started = time.monotonic()
         profile = self._profile(model)
         stats = RunStats()
-        self._query = _Query(emit, include_partial, stats, profile.model)
+        self._query = _Query(emit, include_partial, stats, profile.model, check_limits)
         content = (expand_skill(self.config.workspace, prompt) if isinstance(prompt, str) else None) or prompt
         m.append_user(self.messages, content)
         # A turn that does not finish is closed in the conversation (history.close_unanswered_turn),
@@ -226,6 +233,8 @@ class Engine:
                 raise
             except Exception as exc:  # noqa: BLE001 - a failing tool is reported to the model
                 result = ToolResult(f"Error: {exc}", is_error=True)
+            if self._query.check_limits is not None:
+                result = await with_limit_notices(result, await self._query.check_limits(), ctx.process_groups)
         out: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": block.get("id"),
@@ -253,6 +262,41 @@ class Engine:
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns)
         return ToolResult(text or "(the subagent returned no text)", is_error=subtype != "success")
+
+
+async def with_limit_notices(result: ToolResult, notices: list[dict[str, Any]], groups: list[int]) -> ToolResult:
+    """The tool result the model reads, told which sandbox limit the call ran into (the server's
+    words). A call that hit the process limit has its leftover processes stopped: they hold the
+    processes every later command would need."""
+    lines = [str(n.get("message")) for n in notices if n.get("message")]
+    if not lines:
+        return result
+    if any(n.get("limit") == "pids" for n in notices) and groups:
+        await _stop_groups(groups)
+        lines.append("The processes this command left running were stopped.")
+    note = "\n".join(f"[sandbox limit] {line}" for line in lines)
+    content = result.content
+    if isinstance(content, str):
+        content = f"{content}\n\n{note}" if content else note
+    else:
+        content = [*content, {"type": "text", "text": note}]
+    return ToolResult(content, is_error=True)
+
+
+async def _stop_groups(groups: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL the process groups and wait until they are gone (reaped by the sandbox's pid 1), so
+    their pids are free again when the model's next command starts."""
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    for pgid in groups:
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)  # succeeds while any member exists, zombies included
+            except (ProcessLookupError, PermissionError):
+                break
+            await asyncio.sleep(0.005)
 
 
 def _subset(tools: dict[str, Tool], names: Any) -> dict[str, Tool]:

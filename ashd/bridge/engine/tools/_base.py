@@ -22,6 +22,8 @@ class ToolContext:
     workspace: Path
     env: Mapping[str, str] = field(default_factory=dict)
     tool_use_id: str = ""
+    # Process groups this call started: stopped when the call hit the sandbox's process limit.
+    process_groups: list[int] = field(default_factory=list)
 
 
 class Tool(Protocol):

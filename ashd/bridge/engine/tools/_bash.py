@@ -26,6 +26,7 @@ async def run_process(argv: list[str], ctx: ToolContext, timeout_s: float) -> tu
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    ctx.process_groups.append(proc.pid)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
