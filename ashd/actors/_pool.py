@@ -1,19 +1,21 @@
 """PoolActor: owns every sandbox of this server, their states, capacity, eviction and the idle sweep.
 
-Slow work (waiting for a bridge to come up, the shutdown ladder, snapshots of evicted sandboxes)
-runs on the pool's worker threads, which report back with `tell`, so the actor's inbox stays
-responsive. The pool never asks a session: losses are told to a listener (rule: ask only down).
+Slow work (starting pre-warmed sandboxes: disk image and launch; waiting for a bridge to come up;
+the shutdown ladder; snapshots of evicted sandboxes) runs on the pool's own threads, which report
+back with `tell`, so the actor's inbox stays responsive: a claim never waits behind a refill.
+The pool never asks a session: losses are told to a listener (rule: ask only down).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +63,8 @@ class _Entry:
     # being configured (agent files, setup.sh) is neither idle nor evictable.
     configured: bool = False
     prepared: bool = False  # the warmer holds a connection to its bridge
+    # A pre-warmed sandbox being started off the actor (disk image, launch): its result is the proc.
+    starting: Future[Any] | None = None
 
     @property
     def generic(self) -> bool:
@@ -106,6 +110,8 @@ class PoolActor(AioActor):
         self._entries: dict[str, _Entry] = {}
         self._counters = {"resumeWarmHits": 0, "resumeColdHits": 0, "preWarmHits": 0}
         self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-worker")
+        # Separate from the workers: a destroy (on a worker) may wait for a start to finish.
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-starter")
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
 
@@ -125,6 +131,7 @@ class PoolActor(AioActor):
         for entry in entries:
             self._workers.submit(self._destroy_now, entry)
         self._workers.shutdown(wait=True)
+        self._starter.shutdown(wait=True)
 
     # --- queries -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -153,6 +160,8 @@ class PoolActor(AioActor):
         over rather than launching another: the session's connect waits for its bridge, which is
         never slower than a new launch. `disk_bytes` None: any size.
         """
+        if not getattr(self._launcher, "disk_quota", True):
+            disk_bytes = None  # no quota on this host: every sandbox serves every size
         if not network and seccomp == "default":
             warm = self._oldest(PoolState.WARM, disk_bytes)
             if warm is not None:
@@ -371,20 +380,30 @@ class PoolActor(AioActor):
                       else "idle timeout")
             self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
 
-    def _launch(self, network: bool, seccomp: str = "default", disk_bytes: int | None = None) -> _Entry:
+    def _new_entry(self, network: bool, seccomp: str = "default") -> _Entry:
         sandbox_id = "sb-" + uuid.uuid4().hex[:16]
         now = time.monotonic()
         entry = _Entry(sandbox_id, PoolState.COLD, now, now, network=network, seccomp=seccomp)
         self._entries[sandbox_id] = entry
+        return entry
+
+    def _prepare_and_launch(self, entry: _Entry, disk_bytes: int | None) -> Any:
+        """Blocking: the sandbox's disk (mkfs + mount, about 5 ms) and its launch. Any thread."""
+        self._launcher.prepare(entry.sandbox_id, disk_bytes)  # None: the configured size
+        spec = self._spec_for(entry.sandbox_id, entry.network)
+        if entry.seccomp != spec.seccomp:
+            spec = dataclasses.replace(spec, seccomp=entry.seccomp)
+        if disk_bytes is not None:
+            spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, disk_bytes=disk_bytes))
+        entry.disk_bytes = spec.limits.disk_bytes
+        return self._launcher.launch(spec)
+
+    def _launch(self, network: bool, seccomp: str = "default", disk_bytes: int | None = None) -> _Entry:
+        """A fresh sandbox for a claim, started here: the claiming session waits for it anyway."""
+        entry = self._new_entry(network, seccomp)
+        sandbox_id = entry.sandbox_id
         try:
-            self._launcher.prepare(sandbox_id, disk_bytes)  # None: the configured size
-            spec = self._spec_for(sandbox_id, network)
-            if seccomp != spec.seccomp:
-                spec = dataclasses.replace(spec, seccomp=seccomp)
-            if disk_bytes is not None:
-                spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, disk_bytes=disk_bytes))
-            entry.disk_bytes = spec.limits.disk_bytes
-            entry.proc = self._launcher.launch(spec)
+            entry.proc = self._prepare_and_launch(entry, disk_bytes)
         except Exception as exc:
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
@@ -409,14 +428,41 @@ class PoolActor(AioActor):
     def _refill(self) -> None:
         if self._stopping.is_set():
             return
-        warming_generic = sum(1 for e in self._entries.values() if e.generic)
-        while warming_generic < self.config.prewarm and len(self._entries) < self.config.max_capacity:
-            try:
-                entry = self._launch(network=False)
-            except SandboxError:
-                return
-            warming_generic += 1
-            self._workers.submit(self._await_ready, entry.sandbox_id, entry.proc)
+        spare = sum(1 for e in self._entries.values()
+                    if e.generic or (e.state is PoolState.COLD and e.session_id is None))
+        while spare < self.config.prewarm and len(self._entries) < self.config.max_capacity:
+            entry = self._new_entry(network=False)
+            entry.starting = self._starter.submit(self._start_spare, entry)
+            spare += 1
+
+    def _start_spare(self, entry: _Entry) -> Any:
+        """Starter thread: a pre-warmed sandbox made off the actor, then handed back (`_started`)."""
+        if self._stopping.is_set():
+            return None
+        try:
+            proc = self._prepare_and_launch(entry, None)
+        except Exception as exc:  # noqa: BLE001 - told to the actor, which drops the entry
+            log.warning("pre-warmed sandbox could not be started: %s", exc, extra={"sandboxId": entry.sandbox_id})
+            proc = None
+        # Stopping: the tell fails, and the entry's destroy waits for this start and cleans up.
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(_Call("_started", (entry.sandbox_id, proc)))
+        return proc
+
+    def _started(self, sandbox_id: str, proc: Any) -> None:
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.state is not PoolState.COLD:
+            return  # evicted meanwhile: its destroy (queued then) takes care of the proc
+        entry.starting = None
+        if proc is None:
+            self._entries.pop(sandbox_id, None)
+            self._workers.submit(self._destroy_now, entry)
+            self._publish()
+            return  # no refill here: a failing launch would loop; the next claim or release retries
+        entry.proc = proc
+        entry.state = PoolState.WARMING
+        self._workers.submit(self._await_ready, sandbox_id, proc)
+        self._publish()
 
     def _await_ready(self, sandbox_id: str, proc: Any) -> None:
         paths = self._launcher.paths_for(sandbox_id)
@@ -426,6 +472,14 @@ class PoolActor(AioActor):
             self.actor_ref.tell(_Call("_became_ready", (sandbox_id, ok)))
 
     def _destroy_now(self, entry: _Entry) -> None:
+        starting = entry.starting
+        if starting is not None:  # taken away while being started: wait for the start to finish
+            try:
+                proc = starting.result()
+            except Exception:  # noqa: BLE001 - it failed: nothing was launched
+                proc = None
+            if entry.proc is None:
+                entry.proc = proc
         if entry.prepared and entry.session_id is None and self._warmer is not None:
             self._warmer.discard(entry.sandbox_id)  # never claimed: nobody else closes its connection
         try:

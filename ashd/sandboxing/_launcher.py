@@ -23,7 +23,7 @@ from ashd.errors import ConfigError, SandboxError
 from ashd.sandboxing import _layout as layout
 from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, cgroup_wrapper
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup
-from ashd.sandboxing._disk import MIB, create_image, disk_quota_problems, is_mounted, mount_image, unmount
+from ashd.sandboxing._disk import MIB, ImageMaker, disk_quota_problems, is_mounted, mount_image, unmount
 from ashd.sandboxing._egress_policy import EgressPolicy, resolv_conf
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
 from ashd.sandboxing._netns import SandboxLink
@@ -75,6 +75,8 @@ class SandboxLauncher:
         self._lock = threading.Lock()
         self._started = False
         self._disk_quota = False
+        self._images = ImageMaker(self.sandboxes_dir / ".disk-templates", config.limits.disk_bytes,
+                                  preallocate=config.preallocate_disk)
 
     @staticmethod
     def _new_spawner() -> concurrent.futures.ThreadPoolExecutor:
@@ -124,6 +126,8 @@ class SandboxLauncher:
         self._start_disk_quota()
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.sandboxes_dir, 0o711)  # noqa: S103  (traverse only, no listing)
+        if self._disk_quota:
+            self._images.start()
         if not self.weak:
             self._network = SandboxNetworking(self.config.data_dir, self.config.egress)
             self._network.start()
@@ -217,7 +221,7 @@ class SandboxLauncher:
         size = self.config.limits.disk_bytes if disk_bytes is None else disk_bytes
         if self._disk_quota and size > 0 and not is_mounted(paths.disk):
             if not paths.image.exists():
-                create_image(paths.image, size, preallocate=self.config.preallocate_disk)
+                self._images.make(paths.image, size)
             mount_image(paths.image, paths.disk, discard=not self.config.preallocate_disk)
         os.chmod(paths.disk, 0o711)  # noqa: S103  (traverse only, no listing)
         for d in (paths.workspace, paths.home, paths.run):

@@ -143,3 +143,21 @@ def test_without_a_quota_the_layout_is_the_same_plain_directories(tmp_path: Path
         assert all(d.is_dir() for d in (paths.workspace, paths.home, paths.tmp, paths.run, paths.logs))
     finally:
         launcher.stop()
+
+
+def test_default_size_disks_are_copies_of_one_template(tmp_path: Path) -> None:
+    require_disk_quota()
+    templates = tmp_path / "sandboxes" / ".disk-templates"
+    templates.mkdir(parents=True)
+    (templates / "ext4-v0-1024.img").write_text("made by an older server")
+    with started_launcher(tmp_path, "zygote") as launcher:
+        one, two = launcher.prepare("one"), launcher.prepare("two")
+        other = launcher.prepare("other", DISK)
+        assert [p.name for p in templates.iterdir()] == [f"ext4-v1-{TEST_LIMITS.disk_bytes}.img"]
+        (one.workspace / "mine.txt").write_text("one's")
+        assert not (two.workspace / "mine.txt").exists()  # copies, not one shared filesystem
+        for paths, size in ((one, TEST_LIMITS.disk_bytes), (two, TEST_LIMITS.disk_bytes), (other, DISK)):
+            assert is_mounted(paths.disk) and paths.image.stat().st_size == size
+            assert paths.image.stat().st_blocks * 512 < 8 * MIB  # sparse: only the metadata is written
+        for name in ("one", "two", "other"):
+            launcher.destroy_dirs(name)
