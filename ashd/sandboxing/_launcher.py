@@ -245,7 +245,10 @@ class SandboxLauncher:
             except SandboxError:
                 log.exception("could not mount a leftover sandbox disk", extra={"sandboxId": sandbox_id})
                 return None
-        return paths.workspace if paths.workspace.is_dir() else None
+        if paths.workspace.is_dir():
+            return paths.workspace
+        legacy = paths.root / "workspace"  # left by a version before sandbox disks
+        return legacy if legacy.is_dir() else None
 
     def destroy_dirs(self, sandbox_id: str, keep_workspace: bool = False) -> None:
         paths = self.paths_for(sandbox_id)

@@ -161,3 +161,16 @@ def test_default_size_disks_are_copies_of_one_template(tmp_path: Path) -> None:
             assert paths.image.stat().st_blocks * 512 < 8 * MIB  # sparse: only the metadata is written
         for name in ("one", "two", "other"):
             launcher.destroy_dirs(name)
+
+
+def test_a_workspace_left_by_an_older_version_is_still_rescued(tmp_path: Path) -> None:
+    """Before sandbox disks the workspace was `<id>/workspace` on the data disk: a crash just
+    before the upgrade must not lose it."""
+    require_disk_quota()
+    with started_launcher(tmp_path, "zygote") as launcher:
+        old = launcher.sandboxes_dir / "sb-0123456789abcdef" / "workspace"
+        old.mkdir(parents=True)
+        (old / "notes.txt").write_text("from the old layout")
+        assert launcher.mount_leftover("sb-0123456789abcdef") == old
+        launcher.destroy_dirs("sb-0123456789abcdef")
+        assert not old.parent.exists()
