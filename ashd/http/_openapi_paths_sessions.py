@@ -11,7 +11,8 @@ SID = path_param("id", "session id", fmt="uuid")
 SESSION = wrapped("session", ref("Session"))
 SSE_TEXT = (
     "Server-Sent Events. Frames `event: message` (an SDK message, passed through unchanged), "
-    "`event: error` (`{error}`) and exactly one final `event: done` (`{sessionId}`). Each frame has an "
+    "`event: error` (`{error}`; `{error, limit}` when the sandbox hit its `memory`, `pids` or `disk` limit, "
+    "after which the turn goes on) and exactly one final `event: done` (`{sessionId}`). Each frame has an "
     "`id:` (its stored event sequence) for reconnecting with `Last-Event-ID`; `: ping` comments every 15 s."
 )
 SSE = {"description": SSE_TEXT, "content": {"text/event-stream": {"schema": {"type": "string"}}}}

@@ -34,6 +34,9 @@ def arr(items: Schema) -> Schema:
     return {"type": "array", "items": items}
 
 
+DISK_MB: Schema = {"type": "integer", "minimum": 32,
+                   "description": "sandbox disk quota in MiB (workspace, HOME, /tmp), at most the server's "
+                                  "SERVICE_SANDBOX_DISK_MAX_MB; default: the agent's, else SERVICE_SANDBOX_DISK_MB"}
 SESSION_STATUS = ["starting", "active", "paused", "stopped", "ended", "error"]
 CREDENTIAL_TYPES = ["anthropic", "openai", "bedrock", "custom"]
 EVENT_TYPES = ["text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "lifecycle"]
@@ -49,6 +52,8 @@ SCHEMAS: dict[str, Schema] = {
         "env": {"type": "object", "additionalProperties": {"type": "string", "const": "***"},
                 "description": "names of the agent's environment variables; values are never returned"},
         "network": {"type": "boolean", "description": "sessions of this agent get network access"},
+        "diskMb": {"type": ["integer", "null"], "description": "sandbox disk size of its sessions; null: the "
+                                                               "server's default (SERVICE_SANDBOX_DISK_MB)"},
         "createdAt": TIME, "updatedAt": TIME,
     }, ("id", "name", "version", "path", "createdAt", "updatedAt")),
     "AgentFileUpload": obj({
@@ -65,11 +70,13 @@ SCHEMAS: dict[str, Schema] = {
         "model": STR,
         "env": STR_MAP,
         "network": BOOL,
+        "diskMb": DISK_MB,
     }, ("name",), description="Give `path`, or `files` and/or `systemPrompt` (never both). Redeploying a "
                               "name updates it and increments `version`."),
     "PatchAgentRequest": obj({"model": NULL_STR, "env": {"type": ["object", "null"],
                                                           "additionalProperties": {"type": "string"}},
-                              "network": BOOL}, description="No new version; `null` clears model or env."),
+                              "network": BOOL, "diskMb": {**DISK_MB, "type": ["integer", "null"]}},
+                             description="No new version; `null` clears model, env or diskMb."),
     "FileEntry": obj({"path": STR, "size": INT, "modifiedAt": TIME}, ("path", "size", "modifiedAt")),
     "FileContent": obj({"path": STR, "content": STR, "size": INT,
                         "source": {"type": "string", "enum": ["sandbox", "snapshot"]}},
@@ -94,6 +101,7 @@ SCHEMAS: dict[str, Schema] = {
         "permissionMode": {"type": "string", "enum": ["bypassPermissions", "permissionsByAgent", "default"]},
         "allowedTools": arr(STR), "disallowedTools": arr(STR), "betas": arr(STR),
         "subagents": {"type": "object"}, "initialAgent": STR,
+        "diskMb": DISK_MB,
     }, ("agent",)),
     "SendMessageRequest": obj({
         "content": {"oneOf": [{"type": "string", "maxLength": 500000}, arr({"type": "object"})]},
