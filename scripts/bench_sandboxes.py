@@ -6,7 +6,8 @@ Prints figures; asserts nothing. Three parts:
 1. PoolActor.claim latency with a real launcher (zygote): a pre-warmed claim, a fresh claim
    (returns once launched) and fresh claim + bridge ready (what a session then waits for).
 2. `POST /api/sessions` on a real server (aiohttp, SQLite, the fake model), pre-warmed and not:
-   the targets are ≤ 4 ms with a warm sandbox and ≤ 30 ms without.
+   the targets are ≤ 4 ms with a warm sandbox and ≤ 30 ms without; and with a disk size (`diskMb`)
+   other than the pre-warmed sandboxes', which always takes a fresh sandbox.
 3. N idle bridge sandboxes launched through the zygote: PSS per sandbox (psutil, all of its
    processes) and cgroup memory, extrapolated to 24 GiB and to this host's memory. The part is
    bounded by --deadline seconds; everything started is cleaned up.
@@ -139,6 +140,19 @@ async def bench_http(data: Path, n: int) -> None:
                     assert resp.status == 200
                 label = "pre-warmed sandbox" if prewarm else "no warm sandbox"
                 print(line(f"POST /api/sessions, {label}", times))
+                if prewarm and "sandbox_disk_mb" in Settings.__dataclass_fields__:
+                    # Another disk size than the pre-warmed ones have: always a fresh sandbox and disk.
+                    sized: list[float] = []
+                    for _ in range(n):
+                        t0 = time.perf_counter()
+                        resp = await client.post("/api/sessions", json={"agent": "bench", "diskMb": 512},
+                                                 headers=headers)
+                        body = await resp.json()
+                        sized.append(time.perf_counter() - t0)
+                        assert resp.status == 201, body
+                        resp = await client.delete(f"/api/sessions/{body['session']['id']}", headers=headers)
+                        assert resp.status == 200
+                    print(line("POST /api/sessions, diskMb other than default", sized))
             finally:
                 await client.close()
                 await server.stop()
