@@ -20,10 +20,23 @@ def _capped(data: bytes) -> str:
     return text
 
 
+# Programs the bridge starts are the OOM killer's first choice in the sandbox's memory cgroup:
+# without it the bridge, whose RSS counts the pages it shares with the zygote, can be picked over
+# the tool that ran the sandbox out of memory, and the whole session's sandbox dies with it.
+# Raising one's score needs no privilege; children inherit it.
+TOOL_OOM_SCORE_ADJ = 1000
+
+
+def prefer_for_oom_kill(pid: int) -> None:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write(str(TOOL_OOM_SCORE_ADJ))
+
+
 async def spawn(argv: list[str], workspace: Path, env: dict[str, str], *,
                 merge_stderr: bool = False) -> asyncio.subprocess.Process:
-    """Start a program in the workspace in a process group of its own (so it can be killed whole)."""
-    return await asyncio.create_subprocess_exec(
+    """Start a program in the workspace in a process group of its own (so it can be killed whole),
+    marked as the first to go when the sandbox runs out of memory."""
+    proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=str(workspace),
         env=env,
@@ -32,6 +45,8 @@ async def spawn(argv: list[str], workspace: Path, env: dict[str, str], *,
         stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    prefer_for_oom_kill(proc.pid)
+    return proc
 
 
 async def communicate(proc: asyncio.subprocess.Process, timeout: float) -> tuple[bytes, bytes, bool]:

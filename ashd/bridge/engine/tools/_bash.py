@@ -9,6 +9,7 @@ import shutil
 import signal
 from typing import Any
 
+from ashd.bridge._exec import spawn
 from ashd.bridge.engine.tools._base import ToolContext, ToolResult, cap, require_str
 
 DEFAULT_TIMEOUT_MS = 120_000
@@ -17,15 +18,7 @@ MAX_TIMEOUT_MS = 600_000
 
 async def run_process(argv: list[str], ctx: ToolContext, timeout_s: float) -> tuple[int | None, bytes, bytes]:
     """Run argv in its own process group; on timeout or cancellation kill the whole group."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=str(ctx.workspace),
-        env=dict(ctx.env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc = await spawn(argv, ctx.workspace, dict(ctx.env))
     ctx.process_groups.append(proc.pid)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
