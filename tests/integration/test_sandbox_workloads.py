@@ -31,7 +31,7 @@ def test_agent_workloads_run_under_the_filter(tmp_path: Path, route: str) -> Non
         proc = launcher.launch(spec)
         info = proc.wait(300)
         proc.cleanup()
-    out = (paths.logs / "sandbox.log").read_text()
+        out = (paths.logs / "sandbox.log").read_text()  # on the sandbox's disk: read before stop unmounts it
     assert info.reason is ExitReason.NORMAL and "workloads done" in out, out
     results = {line.split()[1].rstrip(":"): line for line in out.splitlines() if line.startswith(("ok ", "FAIL "))}
     for step in STEPS:
