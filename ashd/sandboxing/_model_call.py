@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from ashd.sandboxing._model_meter import UsageMeter
@@ -27,19 +29,70 @@ class ParsedRequest:
     model: str
     max_tokens: int | None
     stream: bool
-    body: bytes  # what is forwarded: exactly the JSON the checks saw
+    body: bytes  # what is forwarded: the bytes the checks read
     input_estimate: int
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _skip(text: str, idx: int) -> int:
+    match = _WS.match(text, idx)
+    return match.end() if match else idx
+
+
+def _object(text: str) -> dict[str, Any]:
+    """The top-level JSON object of `text`, refusing a key given twice (ValueError otherwise).
+
+    Two `model` keys could show the proxy one model and the API another (parsers differ on which
+    one wins), so they are refused; nested objects do not matter to the checks. Walking the top
+    level with the json module's own scanners costs what one `json.loads` does, and the body can
+    then be forwarded byte for byte instead of being serialised again (about 3 ms per MB saved).
+    """
+    idx = _skip(text, 0)
+    if text[idx:idx + 1] != "{":
+        raise ValueError("the request body must be a JSON object")
+    idx = _skip(text, idx + 1)
+    out: dict[str, Any] = {}
+    if text[idx:idx + 1] == "}":
+        idx += 1
+    else:
+        while True:
+            if text[idx:idx + 1] != '"':
+                raise ValueError("the request body is not valid JSON")
+            key, idx = scanstring(text, idx + 1)
+            if key in out:
+                raise ValueError(f"the request body gives the key {key[:50]!r} twice")
+            idx = _skip(text, idx)
+            if text[idx:idx + 1] != ":":
+                raise ValueError("the request body is not valid JSON")
+            idx = _skip(text, idx + 1)
+            out[key], idx = _DECODER.raw_decode(text, idx)
+            idx = _skip(text, idx)
+            sep = text[idx:idx + 1]
+            idx = _skip(text, idx + 1)
+            if sep == "}":
+                break
+            if sep != ",":
+                raise ValueError("the request body is not valid JSON")
+    if idx != len(text):
+        raise ValueError("the request body is not valid JSON (data after the object)")
+    return out
+
+
 def parse_request(endpoint: str, raw: bytes) -> ParsedRequest | Refusal:
-    """The body as the model API will read it. It is parsed once and forwarded re-serialised, so a
-    body with, say, two `model` keys cannot show the proxy one model and the API another."""
+    """The body as the model API will read it: one object, each top-level key once."""
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        value = _object(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return _invalid("the request body is not UTF-8 JSON")
+    except json.JSONDecodeError:
         return _invalid("the request body is not valid JSON")
-    if not isinstance(value, dict):
-        return _invalid("the request body must be a JSON object")
+    except ValueError as exc:
+        return _invalid(str(exc))
+    except RecursionError:
+        return _invalid("the request body is nested too deeply")
     model = value.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_NAME:
         return _invalid(f"`model` must be a model name (a string of 1 to {MAX_MODEL_NAME} characters)")
@@ -49,14 +102,7 @@ def parse_request(endpoint: str, raw: bytes) -> ParsedRequest | Refusal:
             return _invalid("`max_tokens` must be an integer >= 1")
     else:
         max_tokens = None
-    try:
-        body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # lone surrogates from \\ud800-style escapes: keep them escaped
-        body = json.dumps(value, separators=(",", ":")).encode()
-    except ValueError:
-        return _invalid("the request body holds a value JSON cannot carry")
-    return ParsedRequest(model, max_tokens, value.get("stream") is True, body,
-                         len(body) // BYTES_PER_INPUT_TOKEN)
+    return ParsedRequest(model, max_tokens, value.get("stream") is True, raw, len(raw) // BYTES_PER_INPUT_TOKEN)
 
 
 @dataclass

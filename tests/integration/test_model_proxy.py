@@ -282,17 +282,22 @@ async def test_calls_outside_a_turn_or_a_session_are_refused(make: Any, fake_mod
 
 
 async def test_the_checked_body_is_the_forwarded_body(proxied: Harness, fake_model: FakeModel) -> None:
-    # Two `model` keys: a proxy that forwarded the original bytes could check one and send the other.
-    raw = (b'{"model": "claude-opus-4-1", "max_tokens": 10, "messages": [{"role": "user", '
-           b'"content": "POL-DUP"}], "model": "' + MODEL.encode() + b'"}')
+    raw = json.dumps(body("POL-BYTES"), indent=2).encode()
     resp = await proxied.client.post("http://model-proxy/v1/messages", content=raw,
                                      headers={"content-type": "application/json", "accept-encoding": "gzip"})
     assert resp.status_code == 200
-    (seen,) = fake_model.requests_containing("POL-DUP")
-    assert seen["body"]["model"] == MODEL
-    assert seen["headers"].get("accept-encoding") == "identity"
+    (seen,) = fake_model.requests_containing("POL-BYTES")
+    assert seen["body"] == json.loads(raw)
+    assert seen["headers"].get("accept-encoding") == "identity"  # the proxy must be able to read the usage
+    # A second `model` key (also spelt with an escape) could show the proxy one model and the API another.
+    for dup in (b'{"model": "claude-opus-4-1", "max_tokens": 10, "messages": [], "model": "' + MODEL.encode() + b'"}',
+                b'{"model": "' + MODEL.encode() + b'", "max_tokens": 10, "messages": [], "mod\\u0065l": "x"}'):
+        message = refusal(await proxied.client.post("http://model-proxy/v1/messages", content=dup),
+                          400, "invalid_request_error", "invalid")
+        assert "twice" in message
     for bad in (b"not json", b"[1]", b'{"model": 5, "max_tokens": 1, "messages": []}',
-                b'{"model": "m", "max_tokens": true, "messages": []}'):
+                b'{"model": "m", "max_tokens": true, "messages": []}', b'{"model": "m"} {}', b"\xff\xfe{}",
+                b'{"model": "m", "max_tokens": 1, "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
         resp = await proxied.client.post("http://model-proxy/v1/messages", content=bad)
         refusal(resp, 400, "invalid_request_error", "invalid")
 
