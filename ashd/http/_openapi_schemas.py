@@ -151,7 +151,9 @@ SCHEMAS: dict[str, Schema] = {
         "inputTokens": INT, "outputTokens": INT, "cacheCreationTokens": INT, "cacheReadTokens": INT,
         "costUsd": {"type": "number", "description": "from the price table"},
         "latencyMs": NUM, "firstByteMs": {"type": ["number", "null"]},
-        "sandboxId": STR, "queryId": NULL_STR, "createdAt": TIME,
+        "sandboxId": STR, "queryId": NULL_STR,
+        "server": {"type": "string", "description": "the server process whose model proxy saw the call"},
+        "createdAt": TIME,
     }, ("id", "sessionId", "sequence", "endpoint", "model", "status", "outcome", "inputTokens", "outputTokens",
         "cacheCreationTokens", "cacheReadTokens", "costUsd", "latencyMs", "createdAt")),
     "PoolStats": obj({k: INT for k in (

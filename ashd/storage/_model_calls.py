@@ -95,7 +95,7 @@ def call_json(r: ModelCall) -> dict[str, Any]:
         "cacheCreationTokens": r.cache_creation_tokens, "cacheReadTokens": r.cache_read_tokens,
         "costUsd": round(r.cost_usd, 8), "latencyMs": round(r.latency_ms, 3),
         "firstByteMs": None if r.first_byte_ms is None else round(r.first_byte_ms, 3),
-        "sandboxId": r.sandbox_id, "queryId": r.query_id, "createdAt": iso(r.created_at),
+        "sandboxId": r.sandbox_id, "queryId": r.query_id, "server": r.server, "createdAt": iso(r.created_at),
     }
 
 

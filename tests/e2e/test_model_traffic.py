@@ -54,15 +54,16 @@ Start = Callable[..., Awaitable[Api]]
 async def start(aiohttp_client: Any, settings: Settings, fake_model: FakeModel) -> AsyncIterator[Start]:
     running: list[Api] = []
 
-    async def make(**changes: Any) -> Api:
+    async def make(deploy: bool = True, **changes: Any) -> Api:
         server, api = await start_api(aiohttp_client, settings.with_(
             zygote=True, prewarm=1, anthropic_base_url=fake_model.url, anthropic_api_key="sk-ant-traffic",
             **changes))
         running.append(api)
-        status, body = await api.call("POST", "/api/agents", json={"name": "caller", "files": [
-            {"path": "AGENT.md", "content": "You call the model yourself."},
-            {"path": "call_model.py", "content": CALL_MODEL}]})
-        assert status == 201, body
+        if deploy:
+            status, body = await api.call("POST", "/api/agents", json={"name": "caller", "files": [
+                {"path": "AGENT.md", "content": "You call the model yourself."},
+                {"path": "call_model.py", "content": CALL_MODEL}]})
+            assert status == 201, body
         return api
 
     try:
@@ -254,3 +255,21 @@ async def test_max_budget_usd_of_a_message(start: Start, fake_model: FakeModel) 
     status, body = await api.call("POST", f"/api/sessions/{sid}/messages",
                                   json={"content": "x", "maxBudgetUsd": -1})
     assert (status, body["statusCode"]) == (400, 400) and "maxBudgetUsd" in body["error"]
+
+
+async def test_two_servers_on_one_database_share_records_and_the_tenant_budget(
+        start: Start, fake_model: FakeModel, short_tmp: Any) -> None:
+    # Two servers (own data dirs and sandboxes) on one database, as several coordinators or runners.
+    policy = {"model_allow": "claude-opus-*", "model_max_tokens": 64000, "model_tenant_budget_usd": 1.0,
+              "api_key": "ashd-shared-test-key"}
+    first = await start(**policy)
+    second = await start(deploy=False, data_dir=str(short_tmp / "second"), **policy)
+    sid = await session(first)
+    results, _ = await direct_calls(first, fake_model, sid, "T-SHARED", count=2)
+    assert results == [[200, None], [402, "tenant_budget"]]
+    # the second server sees the first one's records, and the tenant's spend with them
+    calls = await audit(second, sid)
+    assert [c["model"] for c in calls if c["outcome"] == "ok"].count(OPUS) == 1
+    assert all(c["server"] for c in calls)  # which server's proxy saw each call
+    frames = await turn(second, await session(second), "T-SHARED-SECOND-SERVER")
+    assert len(errors(frames)) == 1 and "tenant 'default' has used its model budget" in errors(frames)[0]

@@ -163,3 +163,20 @@ async def test_record_writer_keeps_what_it_could_not_store(caplog: pytest.LogCap
     await writer.close()  # storage still down at shutdown: the record goes to the error log
     spilled = [r for r in caplog.records if r.getMessage() == "model call record not stored"]
     assert len(spilled) == 1 and json.loads(spilled[0].record)["id"] == "3"  # type: ignore[attr-defined]
+
+
+def test_model_settings_are_validated_at_start() -> None:
+    from ashd.config import load_settings
+    from ashd.errors import ConfigError
+
+    settings = load_settings({"SERVICE_MODEL_ALLOW": "claude-opus-*, claude-3-*", "SERVICE_MODEL_MAX_TOKENS": "64000",
+                              "SERVICE_MODEL_TENANT_BUDGETS": "acme=5", "SERVICE_MODEL_SESSION_BUDGET_USD": "2.5",
+                              "SERVICE_MODEL_PRICES": '{"lab": {"input": 1, "output": 2}}'})
+    policy = ModelPolicy.from_settings(settings)
+    assert policy.allow == ("claude-opus-*", "claude-3-*") and policy.max_tokens == 64000
+    assert policy.session_budget_usd == 2.5 and policy.tenant_budget("acme") == 5.0
+    assert policy.tenant_budget("other") is None and policy.prices.price("lab-1").output == 2.0
+    for name, value in (("SERVICE_MODEL_PRICES", '{"lab": 3}'), ("SERVICE_MODEL_TENANT_BUDGETS", "acme"),
+                        ("SERVICE_MODEL_SESSION_BUDGET_USD", "0"), ("SERVICE_MODEL_MAX_TOKENS", "0")):
+        with pytest.raises(ConfigError, match=name):
+            load_settings({name: value})
