@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 _SANDBOX_ID = web.AppKey("sandbox_id", str)
 ALLOWED_PATHS = frozenset(ENDPOINTS)
 REFUSAL_RECORDS_PER_MINUTE = 60
+MAX_REQUEST_BYTES = 32 * 1024 * 1024  # the Messages API's own request size limit
+PARSE_IN_THREAD_BYTES = 256 * 1024
 _DROP_REQUEST = frozenset(
     {
         "host",
@@ -162,7 +164,7 @@ class ModelProxy:
         path = Path(socket_path)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app[_SANDBOX_ID] = sandbox_id
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -230,7 +232,21 @@ class ModelProxy:
         if request.method != "POST":
             return self._refuse(bound, call, Refusal(405, "invalid_request_error", "not_forwarded",
                                                      "model proxy: only POST is forwarded"))
-        parsed = parse_request(call.endpoint, await request.read())
+        # The turn and the rate first: a sandbox that sends request after request gets cheap refusals,
+        # and the bodies it may have parsed are bounded by the rate.
+        refusal = self._gate(bound)
+        if refusal is not None:
+            return self._refuse(bound, call, refusal)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(bound, call, Refusal(
+                413, "request_too_large", "invalid",
+                f"model proxy: the request is larger than the model API's limit of {MAX_REQUEST_BYTES} bytes"))
+        if len(raw) > PARSE_IN_THREAD_BYTES:  # a long conversation: keep the loop free for other sessions
+            parsed = await asyncio.to_thread(parse_request, call.endpoint, raw)
+        else:
+            parsed = parse_request(call.endpoint, raw)
         if isinstance(parsed, Refusal):
             return self._refuse(bound, call, parsed)
         call.model, call.max_tokens, call.stream = parsed.model, parsed.max_tokens, parsed.stream
@@ -251,13 +267,25 @@ class ModelProxy:
             return self._refuse(bound, call, admitted)
         return await self._forward(request, bound, call, parsed, key, admitted)
 
-    def _check(self, bound: _Bound, req: ParsedRequest) -> Refusal | None:
-        """The turn, its model, max_tokens, the rate: everything decided without storage."""
-        turn = bound.turn
-        if turn is None:
+    def _gate(self, bound: _Bound) -> Refusal | None:
+        """A running turn, and room in the session's request rate."""
+        if bound.turn is None:
             return Refusal(403, "permission_error", "no_turn",
                            "model proxy: no turn is running in this session; the model can only be called "
                            "while the session is answering a message")
+        if bound.rate is not None:
+            wait = bound.rate.take()
+            if wait is not None:
+                return Refusal(429, "rate_limit_error", "rate",
+                               f"model proxy: this session made more than {self.policy.rate_burst} model calls in a "
+                               f"burst or {self.policy.rate_per_minute:g} a minute (SERVICE_MODEL_RATE_*); "
+                               f"retry in {wait:.1f} s", retry_after=wait)
+        return None
+
+    def _check(self, bound: _Bound, req: ParsedRequest) -> Refusal | None:
+        """The model and max_tokens of the request."""
+        turn = bound.turn
+        assert turn is not None  # _gate
         if not bound.binding.models.permits(req.model, turn.model, self.policy):
             allowed = ", ".join(dict.fromkeys([turn.model, *bound.binding.models.allowed, *self.policy.allow]))
             return Refusal(403, "permission_error", "model",
@@ -269,13 +297,6 @@ class ModelProxy:
             return Refusal(400, "invalid_request_error", "max_tokens",
                            f"model proxy: max_tokens {req.max_tokens} is above this server's ceiling of {ceiling} "
                            "(SERVICE_MODEL_MAX_TOKENS)")
-        if bound.rate is not None:
-            wait = bound.rate.take()
-            if wait is not None:
-                return Refusal(429, "rate_limit_error", "rate",
-                               f"model proxy: this session made more than {self.policy.rate_burst} model calls in a "
-                               f"burst or {self.policy.rate_per_minute:g} a minute (SERVICE_MODEL_RATE_*); "
-                               f"retry in {wait:.1f} s", retry_after=wait)
         return None
 
     async def _forward(self, request: web.Request, bound: _Bound, call: CallRecord, req: ParsedRequest,

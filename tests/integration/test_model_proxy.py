@@ -289,6 +289,9 @@ async def test_the_checked_body_is_the_forwarded_body(proxied: Harness, fake_mod
     (seen,) = fake_model.requests_containing("POL-BYTES")
     assert seen["body"] == json.loads(raw)
     assert seen["headers"].get("accept-encoding") == "identity"  # the proxy must be able to read the usage
+    long = body("POL-LONG") | {"system": "z" * 400_000}  # parsed off the loop, forwarded all the same
+    assert (await proxied.post(long)).status_code == 200
+    assert fake_model.requests_containing("POL-LONG")[0]["body"] == long
     # A second `model` key (also spelt with an escape) could show the proxy one model and the API another.
     for dup in (b'{"model": "claude-opus-4-1", "max_tokens": 10, "messages": [], "model": "' + MODEL.encode() + b'"}',
                 b'{"model": "' + MODEL.encode() + b'", "max_tokens": 10, "messages": [], "mod\\u0065l": "x"}'):
@@ -300,6 +303,9 @@ async def test_the_checked_body_is_the_forwarded_body(proxied: Harness, fake_mod
                 b'{"model": "m", "max_tokens": 1, "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
         resp = await proxied.client.post("http://model-proxy/v1/messages", content=bad)
         refusal(resp, 400, "invalid_request_error", "invalid")
+    huge = b'{"model": "m", "max_tokens": 1, "messages": "' + b"x" * (33 * 1024 * 1024) + b'"}'
+    refusal(await proxied.client.post("http://model-proxy/v1/messages", content=huge), 413, "request_too_large",
+            "invalid")
 
 
 async def test_an_abandoned_stream_is_still_billed(proxied: Harness, fake_model: FakeModel) -> None:
