@@ -101,10 +101,14 @@ class RecordWriter:
                 batch = self._queue[:BATCH * 8]
                 try:
                     await asyncio.shield(self._store(batch))
-                except Exception:
+                except Exception as exc:
+                    if not self._retry_delay:  # one line per outage, not one per retry
+                        log.warning("storing model call records failed (%s: %s); they are kept and retried",
+                                    type(exc).__name__, exc, extra={"queued": len(self._queue)})
                     self._retry_delay = min(RETRY_MAX_S, max(0.5, self._retry_delay * 2))
-                    log.exception("storing %d model call records failed; will retry", len(batch))
                     raise
+                if self._retry_delay:
+                    log.info("model call records stored again after a storage failure")
                 self._retry_delay = 0.0
                 del self._queue[:len(batch)]
 
