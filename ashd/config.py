@@ -168,6 +168,33 @@ def _http_url(raw: str) -> str | None:
     return value
 
 
+def _float_pos_opt(raw: str) -> float | None:
+    return _float_pos(raw) if raw.strip() else None
+
+
+def _checked(check: Callable[[str], object]) -> Callable[[str], str | None]:
+    """Keep the raw text (parsed again where it is used) once `check` accepts it."""
+    def parse(raw: str) -> str | None:
+        if not raw.strip():
+            return None
+        check(raw)
+        return raw.strip()
+
+    return parse
+
+
+def _model_prices(raw: str) -> object:
+    from ashd.pricing import parse_prices
+
+    return parse_prices(raw)
+
+
+def _tenant_budgets(raw: str) -> object:
+    from ashd.sandboxing._model_policy import parse_tenant_budgets
+
+    return parse_tenant_budgets(raw)
+
+
 OPTIONS: tuple[Option, ...] = (
     # --- the interface's names ---
     Option("SERVICE_MODE", "mode", "`standalone` or `coordinator`", "standalone",
@@ -316,6 +343,32 @@ OPTIONS: tuple[Option, ...] = (
            "How long the end of a turn keeps retrying to store its frames while the disk is full or the "
            "database unreachable; after that an `error` frame names the frames that were not stored.",
            _float_pos),
+    # --- model traffic (the model proxy: docs/security.md "Model traffic") ---
+    Option("SERVICE_MODEL_ALLOW", "model_allow", "model names or globs separated by `,`", None,
+           "Models every session may call besides its turn's model (the model precedence) and the models "
+           "its agent allows (`allowedModels` in `.agent/settings.json`). `*` allows any model.", _opt_text),
+    Option("SERVICE_MODEL_MAX_TOKENS", "model_max_tokens", "integer ≥ 1", 32000,
+           "Largest `max_tokens` a model call from a sandbox may ask for; a call above it is refused (400).",
+           _int_min(1)),
+    Option("SERVICE_MODEL_RATE_PER_MINUTE", "model_rate_per_minute", "number > 0", 120.0,
+           "Model calls one session may make per minute, sustained; more are refused (429, Retry-After).",
+           _float_pos),
+    Option("SERVICE_MODEL_RATE_BURST", "model_rate_burst", "integer ≥ 1", 30,
+           "Model calls one session may make in a burst before the per-minute rate applies.", _int_min(1)),
+    Option("SERVICE_MODEL_SESSION_BUDGET_USD", "model_session_budget_usd", "number > 0 (USD)", None,
+           "Model spend allowed to one session over its whole life, priced by the price table; calls past "
+           "it are refused (402). Unset: no limit.", _float_pos_opt),
+    Option("SERVICE_MODEL_TENANT_BUDGET_USD", "model_tenant_budget_usd", "number > 0 (USD)", None,
+           "Model spend allowed to each tenant per calendar month (UTC), summed over every server that "
+           "shares the database; calls past it are refused (402). Unset: no limit.", _float_pos_opt),
+    Option("SERVICE_MODEL_TENANT_BUDGETS", "model_tenant_budgets", "`tenant=usd` pairs separated by `,`", None,
+           "Monthly budgets of the tenants named, replacing SERVICE_MODEL_TENANT_BUDGET_USD for them.",
+           _checked(_tenant_budgets)),
+    Option("SERVICE_MODEL_PRICES", "model_prices", "JSON object, or the path of a JSON file", None,
+           "Prices in USD per million tokens that override or extend the built-in table, e.g. "
+           "`{\"claude-opus-4-1\": {\"input\": 15, \"output\": 75, \"cacheWrite\": 18.75, "
+           "\"cacheRead\": 1.5}}`; a key matches a model name as a substring, or as a glob with `*`. "
+           "Unknown models are priced as the most expensive entry.", _checked(_model_prices)),
     Option("ANTHROPIC_BASE_URL", "anthropic_base_url", "http(s) URL", "https://api.anthropic.com",
            "Model API the server forwards sandbox model traffic to.", _http_url),
     Option("ANTHROPIC_API_KEY", "anthropic_api_key", "string", None,
@@ -380,6 +433,14 @@ class Settings:
     data_dir_min_free_mb: int = 256
     data_dir_warn_free_mb: int = 2048
     storage_retry_seconds: float = 30.0
+    model_allow: str | None = None
+    model_max_tokens: int = 32000
+    model_rate_per_minute: float = 120.0
+    model_rate_burst: int = 30
+    model_session_budget_usd: float | None = None
+    model_tenant_budget_usd: float | None = None
+    model_tenant_budgets: str | None = None
+    model_prices: str | None = None
     anthropic_base_url: str | None = "https://api.anthropic.com"
     anthropic_api_key: str | None = field(default=None, repr=False)
 

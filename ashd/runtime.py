@@ -92,8 +92,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
 
     stops.append(("snapshot actor", stop_snapshots))
 
-    model_proxy = ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
-                             default_key=lambda: settings.anthropic_api_key)
+    model_proxy = _model_proxy(services)
     stops.append(("model proxy", model_proxy.close))
 
     sessions = Sessions(services.db)
@@ -180,6 +179,21 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
     stops.append(("pool actor", stop_pool))
     return stops
+
+
+def _model_proxy(services: Services) -> ModelProxy:
+    """The proxy meters into the configured database, like every other usage record."""
+    from ashd.sandboxing._model_policy import ModelPolicy
+    from ashd.storage._model_calls import session_spend, store_model_calls, tenant_spend
+
+    db, settings = services.db, services.settings
+    return ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
+                      default_key=lambda: settings.anthropic_api_key,
+                      policy=ModelPolicy.from_settings(settings),
+                      store=lambda records: store_model_calls(db, records),
+                      session_spend=lambda sid: session_spend(db, sid),
+                      tenant_spend=lambda tenant, since: tenant_spend(db, tenant, since),
+                      metrics=services.metrics, server_id=services.coordinator_id)
 
 
 async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: SandboxLauncher,

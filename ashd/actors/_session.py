@@ -119,8 +119,15 @@ class SessionActor(AioActor):
                                  .get(timeout=deps.ask_timeout))
         self.handle = handle
         try:
+            binding = None
             if deps.model_proxy is not None:
-                deps.model_proxy.set_key_provider(handle.sandbox_id, lambda key=api_key: key)
+                from ashd.sandboxing._model_policy import ModelBinding, session_models
+
+                # Who pays for the sandbox's model calls, and which models its turns may use. The key
+                # never enters the sandbox: the model proxy adds it.
+                binding = ModelBinding(self.session_id, self.tenant, row.agent_name,
+                                       session_models(row.model, agent.model, agent.path, config),
+                                       key=_constant(api_key))
             restored = False
             try:
                 if restore and deps.snapshots is not None:
@@ -156,17 +163,19 @@ class SessionActor(AioActor):
                 "runSetup": not restored,
                 "setupTimeout": deps.setup_timeout,
             }
-            self.conn = deps.run(self._connect_and_init(handle, init),
+            self.conn = deps.run(self._connect_and_init(handle, init, binding),
                                  timeout=deps.ask_timeout + 2 * deps.setup_timeout)
             deps.pool.mark_ready(handle.sandbox_id)
         except BaseException:
             self._drop_sandbox()
             raise
 
-    async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any]) -> Any:
-        """One trip to the loop: the model proxy socket, the bridge connection and its init."""
+    async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
+        """One trip to the loop: the model proxy binding and socket, the bridge connection and its init."""
         from ashd.sandboxing._bridge_client import BridgeConnection
 
+        if binding is not None:
+            self.deps.model_proxy.bind(handle.sandbox_id, binding)
         prepared = self.deps.warmer.take(handle.sandbox_id) if self.deps.warmer is not None else None
         conn = None
         if prepared is not None:
@@ -226,6 +235,9 @@ class SessionActor(AioActor):
         conn, self.conn = self.conn, None
         if conn is not None:
             self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(conn.close()))
+        proxy = self.deps.model_proxy
+        if proxy is not None:  # the socket goes, and the calls it still answered are stored
+            self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(proxy.stop_for(lost.sandbox_id)))
         if self._row().status == "active" and self.turn is None:
             self.row = self._transition("paused", "paused", extra={"reason": lost.reason.value,
                                                                   "detail": lost.detail})
@@ -335,6 +347,10 @@ class SessionActor(AioActor):
                 except Exception:  # noqa: BLE001 - the socket goes away with the sandbox dir anyway
                     log.debug("model proxy detach failed", extra={"sandboxId": handle.sandbox_id})
             self.deps.pool.release(handle.sandbox_id)
+
+
+def _constant(value: str | None) -> Any:
+    return lambda: value
 
 
 def _config(row: Session) -> dict[str, Any]:

@@ -20,7 +20,7 @@ _TAGS = [
     ("agents", "Deploy and inspect agents (a folder with AGENT.md)"),
     ("sessions", "Conversations with agents, each in its own sandbox"),
     ("credentials", "Model and service keys, stored encrypted, injected into sessions"),
-    ("usage", "Token, tool and compute usage per turn"),
+    ("usage", "Token usage per model call (metered by the server), tool calls and compute per turn"),
     ("api-keys", "API keys of the caller's tenant"),
     ("operations", "Health, metrics and documentation (no authentication)"),
     ("internal", "Runner and operator endpoints (internal secret)"),

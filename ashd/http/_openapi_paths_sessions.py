@@ -90,6 +90,15 @@ PATHS: dict[str, dict[str, Any]] = {
                   errors=(400, 404),
                   params=[SID, PAGE_200, AFTER, query("type", STR, "only events of this type")]),
     },
+    "/api/sessions/{id}/model-calls": {
+        "get": op("listModelCalls", "List the session's model calls (audit)", "sessions",
+                  {200: reply("Model calls ascending by sequence",
+                              wrapped("modelCalls", ref("ModelCall"), many=True))},
+                  errors=(400, 404), params=[SID, PAGE_100, AFTER],
+                  description="Every call the session's sandbox made to the model proxy, as the server saw "
+                              "it: forwarded calls with the tokens the model API reported and their cost, and "
+                              "refused ones with the reason."),
+    },
     "/api/sessions/{id}/stream": {
         "get": op("replayStream", "Replay missed frames and follow a running turn", "sessions", {200: SSE},
                   errors=(400, 404), params=[

@@ -106,6 +106,9 @@ SCHEMAS: dict[str, Schema] = {
     "SendMessageRequest": obj({
         "content": {"oneOf": [{"type": "string", "maxLength": 500000}, arr({"type": "object"})]},
         "model": STR, "includePartialMessages": BOOL,
+        "maxBudgetUsd": {"type": "number", "exclusiveMinimum": 0,
+                         "description": "the most this message's model calls may cost, in USD; the model proxy "
+                                        "refuses calls past it (the turn ends with an `error` frame)"},
     }, ("content",)),
     "Message": obj({
         "id": UUID, "sessionId": UUID, "tenantId": STR,
@@ -133,7 +136,8 @@ SCHEMAS: dict[str, Schema] = {
     "UsageEvent": obj({
         "id": UUID, "tenantId": STR, "sessionId": UUID, "agentName": STR,
         "eventType": {"type": "string", "description": "input_tokens, output_tokens, cache_creation_tokens, "
-                      "cache_read_tokens, tool_calls, message, compute_seconds"},
+                      "cache_read_tokens, cost_usd (one set per model call, as the model proxy saw it), "
+                      "tool_calls, message, compute_seconds (per turn)"},
         "value": NUM, "createdAt": TIME,
     }, ("id", "sessionId", "agentName", "eventType", "value", "createdAt")),
     "UsageStats": obj({k: NUM for k in (
@@ -141,6 +145,25 @@ SCHEMAS: dict[str, Schema] = {
         "totalToolCalls", "totalMessages", "totalComputeSeconds")},
         ("totalInputTokens", "totalOutputTokens", "totalCacheCreationTokens", "totalCacheReadTokens",
          "totalToolCalls", "totalMessages", "totalComputeSeconds")),
+    "ModelCall": obj({
+        "id": UUID, "sessionId": UUID, "tenantId": STR, "agentName": STR,
+        "sequence": {"type": "integer", "description": "per-session cursor for `after`"},
+        "endpoint": {"type": "string", "description": "`messages`, `count_tokens`, or the path asked for"},
+        "model": {"type": ["string", "null"], "description": "the model the call asked for"},
+        "stream": BOOL, "maxTokens": {"type": ["integer", "null"]},
+        "status": {"type": "integer", "description": "HTTP status the sandbox got"},
+        "outcome": {"type": "string", "enum": ["ok", "error", "refused", "aborted"]},
+        "reason": {"type": ["string", "null"], "description": "refusal reason (model, max_tokens, rate, "
+                   "turn_budget, session_budget, tenant_budget, no_turn, invalid, ...) or the API's error type"},
+        "detail": NULL_STR,
+        "inputTokens": INT, "outputTokens": INT, "cacheCreationTokens": INT, "cacheReadTokens": INT,
+        "costUsd": {"type": "number", "description": "from the price table"},
+        "latencyMs": NUM, "firstByteMs": {"type": ["number", "null"]},
+        "sandboxId": STR, "queryId": NULL_STR,
+        "server": {"type": "string", "description": "the server process whose model proxy saw the call"},
+        "createdAt": TIME,
+    }, ("id", "sessionId", "sequence", "endpoint", "model", "status", "outcome", "inputTokens", "outputTokens",
+        "cacheCreationTokens", "cacheReadTokens", "costUsd", "latencyMs", "createdAt")),
     "PoolStats": obj({k: INT for k in (
         "total", "cold", "warming", "warm", "waiting", "running", "maxCapacity", "resumeWarmHits",
         "resumeColdHits", "preWarmHits")},

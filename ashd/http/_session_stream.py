@@ -16,9 +16,11 @@ from ashd.actors._turn import TurnLimitReached, TurnLimits, TurnRecorder, retryi
 from ashd.errors import BadRequest, SandboxError, StorageError
 from ashd.http._json import body_object, opt_str, tenant
 from ashd.http._keys import SERVICES
+from ashd.http._model_turn import ModelTurn
 from ashd.http._sse import SseSink
 from ashd.logs import emit_line
 from ashd.sandboxing._meter import LimitNotice
+from ashd.sandboxing._model_budget import TurnSummary
 from ashd.services import Services
 from ashd.storage._models import iso, utcnow
 
@@ -43,6 +45,16 @@ def _content(body: dict[str, Any]) -> Any:
     raise BadRequest("`content` is required: a string or a list of content blocks")
 
 
+def _budget(body: dict[str, Any]) -> float | None:
+    """`maxBudgetUsd`: the most this message's model calls may cost (enforced by the model proxy)."""
+    value = body.get("maxBudgetUsd")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise BadRequest("`maxBudgetUsd` must be a number > 0 (USD)")
+    return float(value)
+
+
 @routes.post("/api/sessions/{id}/messages")
 async def send_message(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
@@ -54,6 +66,7 @@ async def send_message(request: web.Request) -> web.StreamResponse:
     partial = body.get("includePartialMessages", False)
     if not isinstance(partial, bool):
         raise BadRequest("`includePartialMessages` must be a boolean")
+    budget = _budget(body)
     await services.tenant_storage.require_room(tenant(request), "a new message")
     t0 = time.monotonic()
     ticket = await services.sessions.begin_turn(tenant(request), request.match_info["id"], content, model)
@@ -61,7 +74,7 @@ async def send_message(request: web.Request) -> web.StreamResponse:
     # The turn runs in its own task: a client that goes away (the server may cancel the handler
     # then) must not stop it; it finishes and is stored, and the client can replay it.
     turn = asyncio.get_running_loop().create_task(
-        _drive(services, ticket, content, partial, request, lookup_ms))
+        _drive(services, ticket, content, partial, request, lookup_ms, budget))
     _TURNS.add(turn)
     turn.add_done_callback(_TURNS.discard)
     sink: SseSink = await asyncio.shield(turn)
@@ -69,10 +82,10 @@ async def send_message(request: web.Request) -> web.StreamResponse:
 
 
 async def _drive(services: Services, ticket: TurnTicket, content: Any, partial: bool, request: web.Request,
-                 lookup_ms: float) -> SseSink:
+                 lookup_ms: float, budget: float | None = None) -> SseSink:
     try:
         sink = await SseSink.open(request)
-        await run_turn(services, ticket, content, partial, sink, lookup_ms)
+        await run_turn(services, ticket, content, partial, sink, lookup_ms, budget)
         await sink.close()
         return sink
     finally:
@@ -80,7 +93,7 @@ async def _drive(services: Services, ticket: TurnTicket, content: Any, partial: 
 
 
 async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial: bool, sink: SseSink,
-                   lookup_ms: float) -> None:
+                   lookup_ms: float, budget_usd: float | None = None) -> None:
     """Drive one turn to the end whatever the client does; stored before `done` is sent."""
     recorder = TurnRecorder(services.sessions.deps.sessions, ticket.session_id, ticket.tenant,
                             turn_limits(services))
@@ -101,6 +114,7 @@ async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial
         count += sum(1 for n in notices if n.new)
         return [n.to_json() for n in notices]
 
+    model_turn = ModelTurn(services.sessions.deps.model_proxy, ticket, budget_usd)
     try:
         async for frame in ticket.connection.query(content, model=ticket.model, include_partial_messages=partial,
                                                    query_id=ticket.query_id, on_limits_check=limits_check):
@@ -137,14 +151,17 @@ async def run_turn(services: Services, ticket: TurnTicket, content: Any, partial
         reason = await _sandbox_failure(services, ticket, exc)
         await _send_error(recorder, sink, reason)
     except asyncio.CancelledError:
-        await asyncio.shield(_finish(services, ticket, recorder, sink))
+        await asyncio.shield(_finish(services, ticket, recorder, sink, model_turn))
         raise
-    await _finish(services, ticket, recorder, sink)
+    finally:
+        model_turn.end()  # the model may no longer be called, also when something above failed
+    model = await _finish(services, ticket, recorder, sink, model_turn)
     if services.settings.debug_timing:
         emit_line({"type": "timing", "source": "server", "sessionId": ticket.session_id,
                    "sandboxId": ticket.sandbox_id, "lookupMs": round(lookup_ms, 3),
                    "firstEventMs": round(first_event_ms or 0.0, 3),
                    "totalMs": round((time.monotonic() - ticket.started) * 1000, 3), "eventCount": count,
+                   "modelMs": round(model.model_ms, 3), "modelCalls": model.calls,
                    "timestamp": iso(utcnow())})
 
 
@@ -178,7 +195,9 @@ async def _stop_turn(ticket: TurnTicket, recorder: TurnRecorder, sink: SseSink, 
         await ticket.connection.interrupt(ticket.query_id)
 
 
-async def _finish(services: Services, ticket: TurnTicket, recorder: TurnRecorder, sink: SseSink) -> None:
+async def _finish(services: Services, ticket: TurnTicket, recorder: TurnRecorder, sink: SseSink,
+                  model_turn: ModelTurn) -> TurnSummary:
+    model = await model_turn.finish()  # the model calls' records are stored before `done`
     done = await recorder.done()
     if done.unstored:
         first, last = min(done.unstored), max(done.unstored)
@@ -189,6 +208,7 @@ async def _finish(services: Services, ticket: TurnTicket, recorder: TurnRecorder
             "will not be replayed; nothing stored before was lost. Send the message again once space is freed")}))
     await _record_usage(services, ticket, recorder, stored=not done.unstored)
     await sink.send("done", done.raw, done.sequence)
+    return model
 
 
 async def _report_limits(services: Services, ticket: TurnTicket, recorder: TurnRecorder,
@@ -223,13 +243,9 @@ async def _sandbox_failure(services: Services, ticket: TurnTicket, exc: Exceptio
 
 
 async def _record_usage(services: Services, ticket: TurnTicket, recorder: TurnRecorder, *, stored: bool) -> None:
-    result = recorder.result or {}
-    usage = result.get("usage") or {}
+    # Token usage is not taken from the turn: the sandbox could report anything. The model proxy
+    # records what the model API reported for every call (ModelTurn.finish stored it).
     values = {
-        "input_tokens": float(usage.get("input_tokens") or 0),
-        "output_tokens": float(usage.get("output_tokens") or 0),
-        "cache_creation_tokens": float(usage.get("cache_creation_input_tokens") or 0),
-        "cache_read_tokens": float(usage.get("cache_read_input_tokens") or 0),
         "tool_calls": float(recorder.tool_calls),
         "message": 1.0,
         "compute_seconds": round(time.monotonic() - ticket.started, 3),

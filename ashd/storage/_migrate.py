@@ -38,6 +38,14 @@ def _add_column(conn: Connection, table: str, column: str, ddl: str) -> bool:
     return True
 
 
+def _v2_model_calls(conn: Connection) -> None:
+    """Model calls recorded by the model proxy, and their per-session sequence counter."""
+    from ashd.storage._models import ModelCall
+
+    ModelCall.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+    _add_column(conn, "sessions", "next_model_call_seq", "BIGINT NOT NULL DEFAULT 0")
+
+
 def _v3_storage_accounting(conn: Connection) -> None:
     """Per-session counts and bytes of stored messages and events, per-agent bytes of uploads."""
     added = [_add_column(conn, "sessions", name, "BIGINT NOT NULL DEFAULT 0")
@@ -70,6 +78,7 @@ def _v5_agent_disk_mb(conn: Connection) -> None:
 
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
+    (2, "model calls", _v2_model_calls),
     (3, "storage accounting", _v3_storage_accounting),
     (4, "sessions.turn_open: turns cut short by a crash are recorded at the next start", _v4_turn_open),
     (5, "agents.disk_mb: per-agent sandbox disk size", _v5_agent_disk_mb),

@@ -138,6 +138,7 @@ class Session(Base):
     message_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     event_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    next_model_call_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # migration 2
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_active_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -224,6 +225,40 @@ class UsageEvent(Base):
     agent_name: Mapped[str] = mapped_column(String(255))
     event_type: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ModelCall(Base):
+    """One model call a sandbox made through the model proxy, as the server saw it (migration 2)."""
+
+    __tablename__ = "model_calls"
+    __table_args__ = (
+        Index("ix_model_calls_session_seq", "session_id", "sequence"),
+        Index("ix_model_calls_tenant_created", "tenant_id", "created_at"),
+    )
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    session_id: Mapped[str] = mapped_column(String(36))
+    sequence: Mapped[int] = mapped_column(BigInteger, default=0)
+    agent_name: Mapped[str] = mapped_column(String(255))
+    sandbox_id: Mapped[str] = mapped_column(String(64))
+    query_id: Mapped[str | None] = mapped_column(String(64))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(255))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    max_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[str | None] = mapped_column(Text)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_creation_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    first_byte_ms: Mapped[float | None] = mapped_column(Float)
+    server: Mapped[str] = mapped_column(String(255), default="")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ashd.bridge.engine._cost import estimate_cost
 from ashd.bridge.engine._permissions import Permissions
 from ashd.bridge.engine._skills import expand_skill
+from ashd.pricing import estimate_cost
 
 
 def test_bypass_allows_everything_offered() -> None:
@@ -51,4 +51,5 @@ def test_cost_estimate_per_family() -> None:
     assert estimate_cost("claude-sonnet-4-5", usage) == 18.0
     assert estimate_cost("claude-haiku-4-5", usage) == 6.0
     assert estimate_cost("claude-opus-4-1", usage) == 90.0
-    assert estimate_cost("unknown", {"cache_read_input_tokens": 1_000_000}) == 0.3
+    # An unknown model is priced as the most expensive family (opus 4/4.1), never below it.
+    assert estimate_cost("unknown", {"cache_read_input_tokens": 1_000_000}) == 1.5

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ashd.model_names import DEFAULT_MODEL
+
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_MAX_TURNS = 50
 DEFAULT_MAX_TOKENS = 8192
 

@@ -16,7 +16,6 @@ import anthropic
 
 from ashd.bridge.engine import _messages as m
 from ashd.bridge.engine._config import EngineConfig
-from ashd.bridge.engine._cost import estimate_cost
 from ashd.bridge.engine._mcp import LogFn, McpManager
 from ashd.bridge.engine._model import ModelError, call_model, make_client
 from ashd.bridge.engine._permissions import Permissions
@@ -24,13 +23,14 @@ from ashd.bridge.engine._skills import expand_skill
 from ashd.bridge.engine.tools import Tool, ToolContext, ToolResult, builtin_tools
 from ashd.bridge.engine.tools._task import TaskTool
 from ashd.bridge.history import close_unanswered_turn
+from ashd.model_names import subagent_model
+from ashd.pricing import estimate_cost
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 # Asks the server which sandbox limits were hit: [{limit, message}] (docs/protocol.md, v2).
 CheckLimits = Callable[[], Awaitable[list[dict[str, Any]]]]
-MODEL_ALIASES = {"sonnet": "claude-sonnet-4-5", "opus": "claude-opus-4-5", "haiku": "claude-haiku-4-5"}
 
 
 class EngineError(Exception):
@@ -110,7 +110,7 @@ class Engine:
             agent = self.config.subagents[name]
             system = str(agent.get("prompt") or system or "")
             tools = _subset(tools, agent.get("tools"))
-            agent_model = _model_name(agent.get("model"))
+            agent_model = subagent_model(agent.get("model"))
         model = query_model or self.config.model or agent_model or self.config.default_model()
         return Profile(system, tools, model)
 
@@ -257,7 +257,7 @@ class Engine:
         profile = Profile(
             system=str(definition.get("prompt") or main.system or ""),
             tools=_subset(tools, definition.get("tools")),
-            model=_model_name(definition.get("model")) or main.model,
+            model=subagent_model(definition.get("model")) or main.model,
         )
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns)
@@ -305,8 +305,3 @@ def _subset(tools: dict[str, Tool], names: Any) -> dict[str, Tool]:
     wanted = {str(n) for n in names}
     return {k: v for k, v in tools.items() if k in wanted}
 
-
-def _model_name(value: Any) -> str | None:
-    if not isinstance(value, str) or not value or value == "inherit":
-        return None
-    return MODEL_ALIASES.get(value, value)

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 MAX_RETRIES = 3
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 20.0
+REFUSAL_HEADER = "x-ashd-refusal"  # set by the model proxy on its own refusals (sandboxing/_model_policy.py)
+REFUSAL_RETRY_MAX_S = 10.0
 _RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
@@ -111,6 +113,10 @@ def _final_error(exc: Exception, attempts: int) -> ModelError:
     retried = f" after {attempts - 1} retries" if attempts > 1 else ""
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
+        if exc.response.headers.get(REFUSAL_HEADER):
+            # The server's model proxy refused the call (policy, budget, rate): its message says what
+            # to do, so it is passed on as it is instead of being read as the model API's words.
+            return ModelError(f"model call refused by the server ({status}){retried}: {_describe(exc)}")
         if status == 401:
             return ModelError("model API rejected the API key (401): check the session credential or ANTHROPIC_API_KEY")
         label = {
@@ -129,6 +135,14 @@ def _final_error(exc: Exception, attempts: int) -> ModelError:
 
 def _retryable(exc: Exception) -> bool:
     if isinstance(exc, anthropic.APIStatusError):
+        if exc.response.headers.get(REFUSAL_HEADER):
+            # The server's own refusals: a short rate wait or a spend that could not be read (503) is
+            # worth retrying; a budget or a model refusal will not change, and a long wait is better
+            # told to the person at once.
+            if exc.status_code == 503:
+                return True
+            hinted = _retry_after(exc)
+            return exc.status_code == 429 and hinted is not None and hinted <= REFUSAL_RETRY_MAX_S
         return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
     return isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError)
 

@@ -1,0 +1,128 @@
+"""One record per model call the proxy answered, and the writer that stores them off the hot path.
+
+Records are queued in memory as calls finish and written in batches (every `INTERVAL` seconds or
+`BATCH` records, whichever comes first) by the injected `store` (the configured database). The turn
+flushes them before its `done` frame and the proxy at every sandbox detach and at shutdown. A batch
+that cannot be stored stays queued and is retried with a growing delay; only if the process stops
+while storage is still failing are the records written to the error log instead (one JSON line
+each), so that even then they are not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+INTERVAL = 0.05
+BATCH = 128
+MAX_QUEUED = 100_000
+RETRY_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class ModelCallRecord:
+    id: str
+    session_id: str
+    tenant: str
+    agent_name: str
+    sandbox_id: str
+    query_id: str | None
+    endpoint: str  # messages | count_tokens | the path asked for, when it was not forwarded
+    model: str | None  # the model the call asked for
+    stream: bool
+    max_tokens: int | None
+    status: int  # the HTTP status the sandbox got
+    outcome: str  # ok | error | refused | aborted
+    reason: str | None  # refusal reason, or the API's error type
+    detail: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_creation_tokens: int
+    cache_read_tokens: int
+    cost_usd: float
+    latency_ms: float
+    first_byte_ms: float | None
+    created_at: dt.datetime
+    server: str
+
+    def to_json(self) -> dict[str, object]:
+        out = dataclasses.asdict(self)
+        out["created_at"] = self.created_at.isoformat()
+        return out
+
+
+Store = Callable[[Sequence[ModelCallRecord]], Awaitable[None]]
+
+
+class RecordWriter:
+    def __init__(self, store: Store | None) -> None:
+        self._store = store
+        self._queue: list[ModelCallRecord] = []
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._retry_delay = 0.0
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def add(self, record: ModelCallRecord) -> None:
+        """On the loop; never waits."""
+        if self._store is None:
+            return
+        self._queue.append(record)
+        if len(self._queue) > MAX_QUEUED:  # storage has been failing for a long time: spill the oldest
+            self._spill(self._queue[:-MAX_QUEUED])
+            del self._queue[:-MAX_QUEUED]
+        if self._task is None or self._task.done():
+            delay = self._retry_delay or (0.0 if len(self._queue) >= BATCH else INTERVAL)
+            self._task = asyncio.get_running_loop().create_task(self._later(delay))
+
+    async def _later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            await self.flush()
+        except Exception:  # noqa: BLE001 - logged in flush; retried by the next add or flush
+            if self._queue:
+                self._task = asyncio.get_running_loop().create_task(self._later(self._retry_delay))
+
+    async def flush(self) -> None:
+        """Store everything queued so far; on failure the records stay queued and this raises."""
+        if self._store is None:
+            return
+        async with self._lock:
+            while self._queue:
+                batch = self._queue[:BATCH * 8]
+                try:
+                    await asyncio.shield(self._store(batch))
+                except Exception as exc:
+                    if not self._retry_delay:  # one line per outage, not one per retry
+                        log.warning("storing model call records failed (%s: %s); they are kept and retried",
+                                    type(exc).__name__, exc, extra={"queued": len(self._queue)})
+                    self._retry_delay = min(RETRY_MAX_S, max(0.5, self._retry_delay * 2))
+                    raise
+                if self._retry_delay:
+                    log.info("model call records stored again after a storage failure")
+                self._retry_delay = 0.0
+                del self._queue[:len(batch)]
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        try:
+            await self.flush()
+        except Exception:  # noqa: BLE001 - last resort below
+            self._spill(self._queue)
+            self._queue = []
+
+    @staticmethod
+    def _spill(records: Sequence[ModelCallRecord]) -> None:
+        for rec in records:
+            log.error("model call record not stored", extra={"record": json.dumps(rec.to_json())})
