@@ -86,7 +86,7 @@ def system_roots() -> tuple[str, ...]:
 def check_installation(data_dir: Path) -> None:
     """At launcher start: refuse an installation a sandbox cannot show (InstallationError), and
     make the empty directory that masks a data dir an installation bind would show."""
-    made = tuple(m.dest for m in _base_plan(data_dir, network=False))
+    made = tuple(m.dest for m in _base_plan(data_dir, network=False, tmp=""))  # destinations only
     _installation.prepare(data_dir, system_roots(), made)
 
 
@@ -122,8 +122,9 @@ def _with_parents(plan: list[Mount]) -> list[Mount]:
     return out
 
 
-def _base_plan(data_dir: Path, *, network: bool) -> list[Mount]:
-    """System paths, /etc and the fresh mounts: everything before the Python installation."""
+def _base_plan(data_dir: Path, *, network: bool, tmp: str) -> list[Mount]:
+    """System paths, /etc and the fresh mounts: everything before the Python installation.
+    `tmp`: the host directory shown as the sandbox's /tmp."""
     plan: list[Mount] = []
     for path in _SYSTEM_PATHS:
         m = _system_mount(path)
@@ -149,13 +150,13 @@ def _base_plan(data_dir: Path, *, network: bool) -> list[Mount]:
         Mount("dir", "/run"),
         Mount("dev", "/dev"),
         Mount("proc", "/proc"),
-        Mount("bind", "/tmp", str(spec.paths.tmp)),
+        Mount("bind", "/tmp", tmp),
     ]
     return plan
 
 
 def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
-    plan = _base_plan(data_dir, network=spec.network)
+    plan = _base_plan(data_dir, network=spec.network, tmp=str(spec.paths.tmp))
     # The interpreter, the environment and the ashd package, by rule (see _installation).
     plan += [Mount(m.kind, m.dest, m.src) for m in _installation.cached_mounts(
         _installation.Installation.current(), system_roots(), tuple(m.dest for m in plan), str(data_dir))]

@@ -52,7 +52,9 @@ def assert_no_mount_hides_another(plan: list[MountSpec] | list[Mount]) -> None:
     dests: list[tuple[str, str]] = []
     for m in plan:
         for kind, dest in dests:
-            if kind in ("ro-bind", "bind") and is_under(m.dest, dest) and not m.src.endswith("/.empty"):
+            # The sandbox's own /tmp is fresh (its own directory): what lands there hides nothing.
+            fresh = dest == "/tmp"
+            if kind in ("ro-bind", "bind") and not fresh and is_under(m.dest, dest) and not m.src.endswith("/.empty"):
                 raise AssertionError(f"{m} lands inside the earlier bind {dest}")
             if m.dest == dest:
                 raise AssertionError(f"{m} recreates {dest}")
