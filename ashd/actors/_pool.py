@@ -34,11 +34,6 @@ log = logging.getLogger(__name__)
 
 _FULL_DISK_RETRY = 60.0  # seconds before an idle sandbox kept for a full disk is looked at again
 _EVICTION_ORDER = (PoolState.COLD, PoolState.WARM, PoolState.WAITING)
-# Pre-warm retries after consecutive failures wait 0.5 s, 1 s, 2 s, ... up to a minute: a host or an
-# installation that cannot start a bridge is reported, not hammered with new sandboxes.
-_PREWARM_RETRY_FIRST = 0.5
-_PREWARM_RETRY_MAX = 60.0
-_LOG_TAIL_BYTES = 2000
 _LIVE = (PoolState.WARMING, PoolState.WARM, PoolState.WAITING, PoolState.RUNNING)
 
 
@@ -119,8 +114,6 @@ class PoolActor(AioActor):
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-starter")
         self._stopping = threading.Event()
         self._sweeper: threading.Thread | None = None
-        self._prewarm_failures = 0
-        self._retry_timer: threading.Timer | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -131,8 +124,6 @@ class PoolActor(AioActor):
 
     def on_stop(self) -> None:
         self._stopping.set()
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
         entries = list(self._entries.values())
         self._entries.clear()
         self._publish()
@@ -258,22 +249,15 @@ class PoolActor(AioActor):
         if entry is None:
             return
         if not ok:
-            retry = 0.0 if entry.session_id else self._prewarm_retry_delay()
-            log.warning("pre-warmed sandbox did not become ready; destroying it", extra={
-                "sandboxId": sandbox_id, "sandboxLog": self._log_tail(sandbox_id),
-                "consecutiveFailures": self._prewarm_failures, "retryInSeconds": retry})
+            log.warning("pre-warmed sandbox did not become ready; destroying it",
+                        extra={"sandboxId": sandbox_id})
             self._entries.pop(sandbox_id, None)
             self._workers.submit(self._destroy_now, entry)
             if entry.session_id:
                 self._on_lost(SandboxLost(entry.session_id, sandbox_id, LossReason.EXITED,
                                           "the sandbox's bridge did not start"))
-                self._refill()
-            else:
-                self._retry_timer = threading.Timer(retry, self._refill_later)
-                self._retry_timer.daemon = True
-                self._retry_timer.start()
+            self._refill()
         elif entry.state is PoolState.WARMING and entry.session_id is None:
-            self._prewarm_failures = 0
             entry.state = PoolState.WARM
             entry.ready = True
             if self._warmer is not None:
@@ -432,20 +416,6 @@ class PoolActor(AioActor):
                                "the server log") from exc
         entry.state = PoolState.WARMING
         return entry
-
-    def _prewarm_retry_delay(self) -> float:
-        self._prewarm_failures += 1
-        return float(min(_PREWARM_RETRY_MAX, _PREWARM_RETRY_FIRST * 2.0 ** (self._prewarm_failures - 1)))
-
-    def _log_tail(self, sandbox_id: str) -> str:
-        """The end of the sandbox's own output: why its bridge did not start (a traceback, an exit)."""
-        try:
-            with open(self._launcher.paths_for(sandbox_id).logs / "sandbox.log", "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
-                return f.read().decode(errors="replace").strip()
-        except (OSError, AttributeError):
-            return ""
 
     def _refill_later(self) -> None:
         if not self._stopping.is_set():
