@@ -20,6 +20,9 @@ INITIAL_KEY_FILE = "initial-api-key"
 INTERNAL_SECRET_FILE = "internal-secret"  # noqa: S105 - a file name, not a secret
 # Shorter operator-set secrets are accepted (so a rollout is never blocked) but reported at start.
 MIN_SECRET_CHARS = 16
+# A SERVICE_API_KEY is a bearer key for tenant `default` that anyone who reaches the port can try.
+MIN_SAFE_KEY_CHARS = 32
+MIN_DISTINCT_KEY_CHARS = 10
 
 
 def prepare_data_dir(settings: Settings) -> Path:
@@ -73,6 +76,20 @@ def ensure_internal_secret(settings: Settings) -> str:
     return _read_secret_file(path)
 
 
+def warn_if_weak(key: str) -> bool:
+    """Warn (never fail: the operator chose it) about a SERVICE_API_KEY that could be guessed.
+    Generated keys carry 240 random bits; 32 characters of a random alphabet carry at least 128."""
+    if len(key) >= MIN_SAFE_KEY_CHARS and len(set(key)) >= MIN_DISTINCT_KEY_CHARS:
+        return False
+    log.warning(
+        "SERVICE_API_KEY is too short or too repetitive to be safe: anyone who can reach the server "
+        "could guess it. Use at least %d random characters (for example `openssl rand -base64 32`), "
+        "or unset it and use the generated key", MIN_SAFE_KEY_CHARS,
+        extra={"length": len(key), "distinctCharacters": len(set(key)), "minimumLength": MIN_SAFE_KEY_CHARS},
+    )
+    return True
+
+
 async def ensure_api_keys(settings: Settings, keys: ApiKeys) -> Path | None:
     """Register SERVICE_API_KEY; on a first start with no key anywhere, generate one into a file.
 
@@ -80,9 +97,8 @@ async def ensure_api_keys(settings: Settings, keys: ApiKeys) -> Path | None:
     changing (or unsetting) the setting is how that key is revoked. Returns the path of the initial
     key file when one exists. Keys themselves are never logged.
     """
-    if settings.api_key and len(settings.api_key) < MIN_SECRET_CHARS:
-        log.warning("SERVICE_API_KEY is shorter than %d characters and could be guessed; use a long "
-                    "random value", MIN_SECRET_CHARS)
+    if settings.api_key:
+        warn_if_weak(settings.api_key)
     keep = await keys.add(settings.api_key, DEFAULT_TENANT, "SERVICE_API_KEY", ENV_SOURCE) if settings.api_key else None
     retired = await keys.retire_env_keys(keep)
     if retired:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
@@ -73,7 +75,7 @@ class Server:
         self.app = build_app(services)
         self.app.on_shutdown.append(self._on_shutdown)
         log.info("ashd components started", extra={
-            "version": __version__, "mode": settings.mode,
+            "version": __version__, "python": f"{platform.python_version()} ({sys.executable})", "mode": settings.mode,
             "database": Database.describe(settings.effective_database_url), "dataDir": str(data),
         })
         return services

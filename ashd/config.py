@@ -204,8 +204,9 @@ OPTIONS: tuple[Option, ...] = (
            "Database. Default: SQLite in WAL mode at `<data dir>/ashd.db`. "
            "`postgresql://user@host/db` uses asyncpg; required for several coordinators.", _db_url),
     Option("SERVICE_API_KEY", "api_key", "string", None,
-           "An API key for tenant `default`. Without it (and with no key stored) the first start "
-           "generates one into `<data dir>/initial-api-key`.", _opt_text, secret=True),
+           "An API key for tenant `default`: at least 32 random characters (a shorter one is warned "
+           "about at start). Without it (and with no key stored) the first start generates one into "
+           "`<data dir>/initial-api-key`.", _opt_text, secret=True),
     Option("SERVICE_INTERNAL_SECRET", "internal_secret", "string", None,
            "Bearer secret for every `/api/internal/*` endpoint (always required). Unset: generated "
            "once into `<data dir>/internal-secret` (mode 0600). Must be set, to the same value, on "

@@ -1,4 +1,6 @@
-# Shared by scripts/serve and scripts/test: system packages and the virtualenv, idempotent.
+# Shared by scripts/serve and scripts/test: system packages, the interpreter and the virtualenv,
+# idempotent. PYTHON=/path/to/python3 chooses the interpreter (see scripts/_python.sh); the
+# virtualenv is .venv, or VENV=<dir>. Argument: the extras to install ("dev" for the tests).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -24,14 +26,14 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   fi
 fi
 
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
+source "$ROOT/scripts/_python.sh"
+ashd_choose_python
+VENV="${VENV:-.venv}"
+ashd_venv "$VENV"
 EXTRAS="${1:-}"
-stamp=".venv/.installed${EXTRAS:+-$EXTRAS}"
+stamp="$VENV/.installed${EXTRAS:+-$EXTRAS}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip >/dev/null
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
   touch "$stamp"
 fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +22,25 @@ pytest_plugins = [
     "tests.fixtures.bridge_fixture",
     "tests.fixtures.s3_fixture",
 ]
+
+
+def _ashd_dir() -> Path:
+    import ashd
+
+    return Path(ashd.__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """scripts/test_installed sets ASHD_TEST_INSTALLED: then the suite must test that installation."""
+    installed = os.environ.get("ASHD_TEST_INSTALLED")
+    if installed and not _ashd_dir().is_relative_to(Path(installed).resolve()):
+        raise pytest.UsageError(f"ASHD_TEST_INSTALLED={installed}, but ashd is imported from {_ashd_dir()}")
+
+
+def pytest_report_header() -> str:
+    import sys
+
+    return f"ashd from {_ashd_dir()}; Python {sys.version.split()[0]} ({sys.executable})"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -74,13 +74,16 @@ class SessionActor(AioActor):
             raise Gone("Session has ended; create a new session")
         if row.status == "active" and self.conn is not None:
             return session_json(row)
+        # Resuming needs the agent on either path (404 "session or agent not found"); a session
+        # that is still active keeps working without it (DELETE removes the registration only).
+        agent = self.deps.run(self.deps.resolve_agent(self.tenant, row.agent_name))
         path = "cold"
         if self.handle is not None and self.conn is not None and self._pool_alive(self.handle.sandbox_id):
             path = "warm"
         else:
             self._drop_sandbox()
             try:
-                self._start_sandbox(resume_history=True, restore=True)
+                self._start_sandbox(resume_history=True, restore=True, agent=agent)
             except ServiceError:
                 raise
             except Exception as exc:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +14,10 @@ from aiohttp import web
 from ashd.errors import BadRequest, NotFound
 from ashd.http._json import body_object, ok, opt_disk_mb, opt_str, opt_str_map, req_str, tenant
 from ashd.http._keys import SERVICES
+from ashd.http._uploads import files_from_body
 from ashd.storage import _files
 from ashd.storage._agent_paths import fd_path, open_dir
-from ashd.storage._agents import KEEP, AgentFile, Agents
+from ashd.storage._agents import KEEP, Agents
 
 routes = web.RouteTableDef()
 _CHUNK = 256 * 1024
@@ -26,32 +25,6 @@ _CHUNK = 256 * 1024
 
 def _agents(request: web.Request) -> Agents:
     return Agents.of(request.app[SERVICES])
-
-
-def _files_body(body: dict[str, Any]) -> list[AgentFile] | None:
-    raw = body.get("files")
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise BadRequest("`files` must be an array of {path, content, encoding?}")
-    files = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not isinstance(item.get("path"), str):
-            raise BadRequest(f"`files[{i}]` must be an object with a string `path`")
-        content, encoding = item.get("content"), item.get("encoding")
-        if not isinstance(content, str):
-            raise BadRequest(f"`files[{i}].content` must be a string")
-        if encoding == "base64":
-            try:
-                data = base64.b64decode(content, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise BadRequest(f"`files[{i}].content` is not valid base64") from exc
-        elif encoding in (None, "utf-8", "utf8"):
-            data = content.encode()
-        else:
-            raise BadRequest(f"`files[{i}].encoding` must be \"base64\" or omitted (UTF-8 text)")
-        files.append(AgentFile(item["path"], data))
-    return files
 
 
 def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
@@ -65,7 +38,7 @@ def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
 async def deploy(request: web.Request) -> web.Response:
     body = await body_object(request)
     agents, ten, name = _agents(request), tenant(request), req_str(body, "name", max_len=255)
-    files = _files_body(body)
+    files = files_from_body(body.get("files"))
     system_prompt = opt_str(body, "systemPrompt", max_len=1_000_000)
     storage = request.app[SERVICES].tenant_storage
     uploaded = sum(len(f.data) for f in files or []) + len((system_prompt or "").encode())

@@ -58,8 +58,11 @@ SCHEMAS: dict[str, Schema] = {
     }, ("id", "name", "version", "path", "createdAt", "updatedAt")),
     "AgentFileUpload": obj({
         "path": {"type": "string", "description": "relative path in the agent folder; no `..`, not absolute"},
-        "content": {"type": "string", "description": "UTF-8 text, or base64 with `encoding: base64`"},
-        "encoding": {"type": "string", "enum": ["base64"]},
+        "content": {"type": "string", "description": (
+            "UTF-8 text, or base64 with `encoding: base64`. Without `encoding` on any file of the "
+            "request, contents that are all canonical base64 are decoded (as the reference "
+            "implementation's clients send them)")},
+        "encoding": {"type": "string", "enum": ["base64", "utf-8"]},
     }, ("path", "content")),
     "DeployAgentRequest": obj({
         "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,255}$"},

@@ -30,7 +30,9 @@ class SseSink:
 
     @classmethod
     async def open(cls, request: web.Request, read_timeout: float | None = None) -> SseSink:
-        response = EventSourceResponse(send_timeout=None, ping_interval=15, allow_all_methods=True)
+        # LF line ends (aiohttp-sse defaults to CRLF): both are legal SSE, but clients written for
+        # the reference implementation split lines on "\n" alone and would see "message\r".
+        response = EventSourceResponse(send_timeout=None, ping_interval=15, allow_all_methods=True, sep="\n")
         response.headers["Cache-Control"] = "no-cache"
         await response.prepare(request)
         transport = request.transport

@@ -129,6 +129,7 @@ class SandboxLauncher:
         if self._disk_quota:
             self._images.start()
         if not self.weak:
+            layout.check_installation(self.config.data_dir)  # before anything is set up on the host
             self._network = SandboxNetworking(self.config.data_dir, self.config.egress)
             self._network.start()
             self._report = replace(self._report, network=self._network.status)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import ashd
+from ashd.sandboxing import _installation
 from ashd.sandboxing._types import SANDBOX_HOME, SANDBOX_RUN, SANDBOX_WORKSPACE, SandboxSpec
 
 SANDBOX_UID = 65534
@@ -78,18 +78,16 @@ def write_etc_files(data_dir: Path, resolv_conf: str = "") -> Path:
     return d
 
 
-def python_paths() -> list[str]:
-    """The interpreter's base prefix, the venv and the ashd package (installed editable)."""
-    candidates = [sys.base_prefix, sys.prefix, str(Path(ashd.__file__).resolve().parent)]
-    out: list[str] = []
-    for p in candidates:
-        real = os.path.realpath(p)
-        if real.startswith("/usr/") or real in out:
-            continue
-        out.append(real)
-        if p != real and p not in out:
-            out.append(p)
-    return out
+def system_roots() -> tuple[str, ...]:
+    """Host paths the plan shows at the same place: whatever lies under them needs no bind."""
+    return tuple(p for p in _SYSTEM_PATHS if os.path.lexists(p))
+
+
+def check_installation(data_dir: Path) -> None:
+    """At launcher start: refuse an installation a sandbox cannot show (InstallationError), and
+    make the empty directory that masks a data dir an installation bind would show."""
+    made = tuple(m.dest for m in _base_plan(data_dir, network=False, tmp=""))  # destinations only
+    _installation.prepare(data_dir, system_roots(), made)
 
 
 def _system_mount(path: str) -> Mount | None:
@@ -105,20 +103,28 @@ def _with_parents(plan: list[Mount]) -> list[Mount]:
 
     bwrap creates missing parents 0700 and root-owned, which the sandbox uid cannot walk: a bind
     at /etc/ssl would leave /etc (and every file bound below it) unreachable for the payload.
+    A parent inside an earlier bind is the host's own directory, shown by that bind: making it
+    again would write into a read-only mount (the zygote's chmod fails with EROFS).
     """
     made = {"/"}
+    shown: list[str] = []
     out: list[Mount] = []
     for m in plan:
         for parent in reversed(Path(m.dest).parents):
-            if str(parent) not in made:
-                made.add(str(parent))
-                out.append(Mount("dir", str(parent)))
+            p = str(parent)
+            if p not in made and not any(_installation.is_under(p, b) for b in shown):
+                made.add(p)
+                out.append(Mount("dir", p))
         made.add(m.dest)
+        if m.kind in ("ro-bind", "bind"):
+            shown.append(m.dest)
         out.append(m)
     return out
 
 
-def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
+def _base_plan(data_dir: Path, *, network: bool, tmp: str) -> list[Mount]:
+    """System paths, /etc and the fresh mounts: everything before the Python installation.
+    `tmp`: the host directory shown as the sandbox's /tmp."""
     plan: list[Mount] = []
     for path in _SYSTEM_PATHS:
         m = _system_mount(path)
@@ -132,7 +138,7 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
         if m is not None:
             plan.append(m)
     etc = etc_dir(data_dir)
-    names = ("passwd", "group", "hosts", "nsswitch.conf") + (("resolv.conf",) if spec.network else ())
+    names = ("passwd", "group", "hosts", "nsswitch.conf") + (("resolv.conf",) if network else ())
     for name in names:
         plan.append(Mount("ro-bind", f"/etc/{name}", str(etc / name)))
     # The private /tmp (and the other fresh mounts) come before the interpreter binds: a venv or a
@@ -144,9 +150,16 @@ def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
         Mount("dir", "/run"),
         Mount("dev", "/dev"),
         Mount("proc", "/proc"),
-        Mount("bind", "/tmp", str(spec.paths.tmp)),
+        Mount("bind", "/tmp", tmp),
     ]
-    plan += [Mount("ro-bind", p, p) for p in python_paths()]
+    return plan
+
+
+def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
+    plan = _base_plan(data_dir, network=spec.network, tmp=str(spec.paths.tmp))
+    # The interpreter, the environment and the ashd package, by rule (see _installation).
+    plan += [Mount(m.kind, m.dest, m.src) for m in _installation.cached_mounts(
+        _installation.Installation.current(), system_roots(), tuple(m.dest for m in plan), str(data_dir))]
     plan += [
         Mount("bind", SANDBOX_WORKSPACE, str(spec.paths.workspace)),
         Mount("bind", SANDBOX_HOME, str(spec.paths.home)),

@@ -16,6 +16,13 @@ from ashd.storage._models import ApiKey, iso, utcnow
 KEY_PREFIX = "ashd_"
 DEFAULT_TENANT = "default"
 ENV_SOURCE = "env"  # the key of SERVICE_API_KEY: registered at every start, revoked by changing the setting
+# A key list shows this many characters of a key at most ("ashd_" and 3 random ones for a generated
+# key), and never more than half of a key, however short the key an operator chose.
+SHOWN_PREFIX_CHARS = 8
+
+
+def shown_prefix(key: str) -> str:
+    return key[:min(SHOWN_PREFIX_CHARS, len(key) // 2)]
 
 
 def generate_key() -> str:
@@ -55,7 +62,7 @@ class ApiKeys:
             existing = (await s.execute(select(ApiKey.id).where(ApiKey.key_hash == digest))).scalar_one_or_none()
             if existing:
                 return existing
-            row = ApiKey(tenant_id=tenant_id, label=label, key_hash=digest, key_prefix=key[:12], source=source)
+            row = ApiKey(tenant_id=tenant_id, label=label, key_hash=digest, key_prefix=shown_prefix(key), source=source)
             s.add(row)
             await s.flush()
             return row.id

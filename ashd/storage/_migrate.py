@@ -76,12 +76,25 @@ def _v5_agent_disk_mb(conn: Connection) -> None:
     _add_column(conn, "agents", "disk_mb", "INTEGER")
 
 
+def _v8_short_key_prefixes(conn: Connection) -> None:
+    """Stored prefixes were the first 12 characters of a key, a short key whole. Keys ashd made
+    (`ashd_` + 40 characters) keep 8; any other key keeps at most half of what is stored: its length
+    is what was stored if under 12, and at least 12 otherwise."""
+    conn.execute(text(
+        "UPDATE api_keys SET key_prefix = CASE"
+        " WHEN source <> 'env' AND length(key_prefix) = 12 AND substr(key_prefix, 1, 5) = 'ashd_'"
+        " THEN substr(key_prefix, 1, 8)"
+        " ELSE substr(key_prefix, 1, length(key_prefix) / 2) END"
+    ))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
     (2, "model calls", _v2_model_calls),
     (3, "storage accounting", _v3_storage_accounting),
     (4, "sessions.turn_open: turns cut short by a crash are recorded at the next start", _v4_turn_open),
     (5, "agents.disk_mb: per-agent sandbox disk size", _v5_agent_disk_mb),
+    (8, "api key prefixes: at most 8 characters and half of a key", _v8_short_key_prefixes),
 ]
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import errno
 import gzip
 import logging
 import os
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ashd.errors import BadRequest, NotFound, PayloadTooLarge, StorageError, StorageFull
+from ashd.storage import _untar
 from ashd.storage._failures import is_no_space
 from ashd.storage._files import MAX_ENTRIES, is_excluded, symlink_target, walk
 
@@ -348,42 +348,19 @@ def restore_workspace(snapshot: SnapshotInfo | Path, dest: Path) -> int:
     """Extract a snapshot into `dest` (created if needed; existing files with the same names are
     replaced). Returns the number of files and links restored.
 
-    Extraction goes through tarfile's `data` filter: no absolute paths, no `..`, no links leading
-    outside `dest`, no device files or FIFOs, no setuid bits, no ownership changes. A member the
-    filter refuses, or in an excluded path, is skipped with a WARNING; the rest is restored.
+    Extraction follows the rules of tarfile's `data` filter, applied by ashd itself on every Python
+    it admits (`_untar`): no absolute paths, no `..`, no links leading outside `dest`, no device
+    files or FIFOs, no setuid bits, no ownership changes, and no write ever goes through a link. A
+    member the rules refuse, or in an excluded path, is skipped with a WARNING; the rest is restored.
     """
     path = snapshot.path if isinstance(snapshot, SnapshotInfo) else snapshot
     dest.mkdir(parents=True, exist_ok=True)
-    restored: list[str] = []
-    skipped: list[str] = []
-
-    def member_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo | None:
-        try:
-            safe = tarfile.data_filter(member, dest_path)
-        except tarfile.FilterError as exc:
-            skipped.append(f"{member.name!r}: {exc}")
-            return None
-        if is_excluded(safe.name.rstrip("/")):
-            skipped.append(f"{member.name!r}: excluded path")
-            return None
-        if safe.isfile() or safe.issym() or safe.islnk():
-            restored.append(safe.name)
-        return safe
-
     try:
         with tarfile.open(path, "r:*") as tf:
-            for member in tf:
-                try:
-                    tf.extract(member, dest, filter=member_filter)
-                except OSError as exc:  # e.g. a directory where the snapshot has a file
-                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise  # the destination is full: a partial restore must not pass as whole
-                    skipped.append(f"{member.name!r}: {exc}")
-                    if restored and restored[-1] == member.name:
-                        restored.pop()
+            outcome = _untar.extract(tf, dest, keep=lambda rel: not is_excluded(rel))
     except (tarfile.ReadError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise StorageError(f"snapshot {path.name} is damaged and cannot be restored: {exc}") from exc
-    if skipped:
+    if outcome.skipped:
         log.warning("snapshot restore skipped unsafe or conflicting entries",
-                    extra={"snapshot": str(path), "skipped": skipped[:20], "count": len(skipped)})
-    return len(restored)
+                    extra={"snapshot": str(path), "skipped": outcome.skipped[:20], "count": len(outcome.skipped)})
+    return len(outcome.restored)

@@ -103,3 +103,79 @@ def test_bad_configuration_stops_the_start_with_a_clear_message(short_tmp: Path)
 def test_cli_entry_points(flag: str) -> None:
     result = subprocess.run([sys.executable, "-m", "ashd", flag], capture_output=True, timeout=60)
     assert result.returncode == 0 and b"ashd" in result.stdout
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the process exited"
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer")
+
+
+def stream(url: str, key: str, content: str) -> list[str]:
+    """POST a message; the event names of the SSE stream, read as the reference CLI reads them."""
+    req = urllib.request.Request(url, data=json.dumps({"content": content}).encode(), method="POST")
+    req.add_header("Authorization", f"Bearer {key}")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        raw = resp.read().decode()
+    return [line[7:] for line in raw.split("\n") if line.startswith("event: ")]
+
+
+@pytest.fixture
+def fake_model_process() -> Any:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ashd.devtools.fake_model", "--port", str(port)],
+                            stdout=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_fake/scripts", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("zygote", ["0", "1"], ids=["bwrap", "zygote"])
+def test_sessions_and_a_cold_resume_after_a_restart(short_tmp: Path, fake_model_process: str, zygote: str) -> None:
+    """What the wheel-install bug broke: `ashd serve` as installed, an agent, a session, a turn; then a
+    restart and a cold resume (snapshot restore) that continues the conversation, on each route."""
+    data, port = short_tmp / "data", free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {"SERVICE_ZYGOTE": zygote, "ANTHROPIC_BASE_URL": fake_model_process, "ANTHROPIC_API_KEY": "sk-ant-e2e"}
+    proc = start(data, port, **env)
+    try:
+        key = (data / "initial-api-key").read_text().strip()
+        status, body = http("POST", f"{base}/api/agents", key, {"name": "e2e", "files": [
+            {"path": "AGENT.md", "content": "You are installed."}, {"path": "notes.txt", "content": "kept\n"}]})
+        assert status == 201, body
+        status, body = http("POST", f"{base}/api/sessions", key, {"agent": "e2e"})
+        assert status == 201, body
+        sid = body["session"]["id"]
+        assert stream(f"{base}/api/sessions/{sid}/messages", key, "first-turn-e2e")[-1] == "done"
+    finally:
+        stop(proc)
+    proc = start(data, port, **env)
+    try:
+        status, body = http("GET", f"{base}/api/sessions/{sid}", key)
+        assert body["session"]["status"] == "paused"  # the restart paused it
+        status, body = http("POST", f"{base}/api/sessions/{sid}/resume", key)
+        assert status == 200 and body["session"]["status"] == "active", body
+        events = stream(f"{base}/api/sessions/{sid}/messages", key, "second-turn-e2e")
+        assert events[-1] == "done" and "error" not in events
+        status, body = http("GET", f"{base}/api/sessions/{sid}/files/notes.txt?format=json", key)
+        assert status == 200 and body["content"] == "kept\n", body
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+            assert 'ash_resume_total{path="cold"} 1.0' in resp.read().decode()
+        with urllib.request.urlopen(f"{fake_model_process}/_fake/requests?contains=second-turn-e2e") as resp:
+            sent = json.loads(resp.read())["requests"]
+        assert "first-turn-e2e" in json.dumps(sent[0]["body"]["messages"])  # the history came back
+    finally:
+        stop(proc)
