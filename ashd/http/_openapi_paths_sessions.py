@@ -52,7 +52,9 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/api/sessions/{id}/pause": _action(
         "pauseSession", "Pause an active session", (400, 404),
-        "Only an `active` session can be paused; any other status is 400 naming it."),
+        "Only an `active` session can be paused; any other status is 400 naming it. A running turn is "
+        "interrupted first (its stream ends with `error {error: \"interrupted: session paused\"}` then "
+        "`done`), stored, and then the session is paused."),
     "/api/sessions/{id}/resume": _action(
         "resumeSession", "Resume a session (warm or cold path)", (404, 410, 500, 503, 507),
         "Warm when the original sandbox is alive, else cold with the workspace restored from a snapshot. "
