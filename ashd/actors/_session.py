@@ -42,6 +42,7 @@ class SessionActor(AioActor):
         self.turn: TurnTicket | None = None
         # Pause requests waiting for the running turn to be interrupted and stored (see `pause`).
         self._pause_waiters: list[concurrent.futures.Future[dict[str, Any]]] = []
+        self._execs = 0  # commands of POST .../exec running in the sandbox
 
     # --- reads ---------------------------------------------------------------------------------
     def view(self) -> dict[str, Any]:
@@ -285,11 +286,36 @@ class SessionActor(AioActor):
                                cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None)
         return self.turn
 
+    def begin_exec(self) -> Any:
+        """The live bridge connection for a command run through the API (not through the model).
+        The sandbox is kept from eviction and the idle sweep until `end_exec`; one that died between
+        turns is brought back first, as for a turn."""
+        row = self._row()
+        if row.status == "ended":
+            raise BadRequest("Session is ended; create a new session")
+        if row.status != "active":
+            raise BadRequest(f"Session is {row.status}; resume it before running commands")
+        if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
+                self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
+            if self.turn is not None:  # the turn's own failure handling brings the sandbox back
+                raise SandboxError("the session's sandbox is not running; try again after the running turn")
+            self._drop_sandbox()
+            self._start_sandbox(resume_history=True, restore=True)
+            assert self.handle is not None
+            self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
+        self._execs += 1
+        return self.conn
+
+    def end_exec(self) -> None:
+        self._execs = max(0, self._execs - 1)
+        if self._execs == 0 and self.turn is None and self.handle is not None:
+            self.deps.pool.mark_waiting(self.handle.sandbox_id)
+
     def end_turn(self, query_id: str) -> None:
         if self.turn is None or self.turn.query_id != query_id:
             return
         self.turn = None
-        if self.handle is not None:
+        if self.handle is not None and self._execs == 0:
             self.deps.pool.mark_waiting(self.handle.sandbox_id)
         self.row = None  # lastActiveAt changed in storage; read it again on next view
         waiters, self._pause_waiters = self._pause_waiters, []

@@ -179,6 +179,17 @@ class SessionRegistry:
         if ref is not None and ref.is_alive():
             ref.proxy().end_turn(ticket.query_id)
 
+    async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,
+        same output caps. Returns the bridge's `{exitCode, stdout, stderr[, timedOut]}`."""
+        proxy = await self._actor(tenant, session_id)
+        conn = await call(proxy.begin_exec(), self.timeout + 2 * self.deps.setup_timeout)
+        try:
+            frame = await conn.exec(argv, timeout=timeout_s)  # SandboxError if the sandbox goes away
+        finally:
+            proxy.end_exec()
+        return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
+
     async def running_turn(self, tenant: str, session_id: str) -> str | None:
         ref = self._live(tenant, session_id)
         if ref is None:
