@@ -286,7 +286,7 @@ class SessionActor(AioActor):
                                cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None)
         return self.turn
 
-    def begin_exec(self) -> Any:
+    def begin_exec(self, what: str = "running commands") -> Any:
         """The live bridge connection for a command run through the API (not through the model).
         The sandbox is kept from eviction and the idle sweep until `end_exec`; one that died between
         turns is brought back first, as for a turn."""
@@ -294,7 +294,7 @@ class SessionActor(AioActor):
         if row.status == "ended":
             raise BadRequest("Session is ended; create a new session")
         if row.status != "active":
-            raise BadRequest(f"Session is {row.status}; resume it before running commands")
+            raise BadRequest(f"Session is {row.status}; resume it before {what}")
         if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
                 self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
             if self.turn is not None:  # the turn's own failure handling brings the sandbox back

@@ -18,8 +18,10 @@ from ashd.actors._aio import call
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.errors import Unavailable
+from ashd.errors import SandboxError, Unavailable
+from ashd.storage._agents import AgentFile
 from ashd.storage._models import Session, new_id
+from ashd.storage._workspace_writes import write_files
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +191,21 @@ class SessionRegistry:
         finally:
             proxy.end_exec()
         return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
+
+    async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
+        """Write files into the session's live workspace for an API client, owned by the sandbox
+        user; the sandbox is held (as for exec) so it is not evicted or swept meanwhile."""
+        proxy = await self._actor(tenant, session_id)
+        await call(proxy.begin_exec("uploading files"), self.timeout + 2 * self.deps.setup_timeout)
+        try:
+            workspace = await call(proxy.workspace(), self.timeout)
+            if workspace is None:
+                raise SandboxError("the session's sandbox went away; try again")
+            owner = self.deps.sandbox_owner(session_id)
+            return await asyncio.get_running_loop().run_in_executor(
+                None, write_files, workspace, target, files, owner)
+        finally:
+            proxy.end_exec()
 
     async def running_turn(self, tenant: str, session_id: str) -> str | None:
         ref = self._live(tenant, session_id)

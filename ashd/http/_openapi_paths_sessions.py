@@ -132,6 +132,25 @@ PATHS: dict[str, dict[str, Any]] = {
                           "source": {"type": "string", "enum": ["sandbox", "snapshot"]}}})},
                   errors=(404,), params=[SID, query("includeHidden", {**BOOL, "default": True},
                                                     "accepted for client compatibility")]),
+        "post": op("uploadSessionFiles", "Write files into the live workspace", "sessions",
+                   {200: reply("What was written", {
+                       "type": "object", "required": ["files"], "properties": {"files": {
+                           "type": "array", "items": obj({"path": STR, "size": INT}, ("path", "size"))}}})},
+                   errors=(400, 404, 413, 500, 503, 507), params=[SID],
+                   request=body(obj({
+                       "files": {"type": "array", "minItems": 1, "maxItems": 1000, "items": obj({
+                           "path": {**STR, "description": "relative to `targetPath`; no `..`, not absolute"},
+                           "content": {**STR, "description": "UTF-8 text, or base64 with `encoding: base64` "
+                                                             "(base64 without `encoding`, as the reference's "
+                                                             "clients send it, is recognised)"},
+                           "encoding": {"type": "string", "enum": ["base64", "utf-8"]},
+                           "mimeType": STR}, ("path", "content"))},
+                       "targetPath": {**STR, "default": ".", "description": "workspace directory to write under"}},
+                       ("files",))),
+                   description="The session must be `active` (a sandbox that died is brought back first). Files "
+                               "belong to the sandbox user; an existing file is replaced, never written through "
+                               "a link; a link or file on the way is 400. 507: the sandbox's disk quota is "
+                               "full (files written before stay)."),
     },
     "/api/sessions/{id}/files/{path}": {
         "get": op("getSessionFile", "Download one workspace file", "sessions", {200: {

@@ -10,12 +10,15 @@ from aiohttp import web
 
 from ashd.actors._aio import call
 from ashd.errors import BadRequest, NotFound
-from ashd.http._json import ok, tenant
+from ashd.http._json import body_object, ok, opt_str, tenant
 from ashd.http._keys import SERVICES
+from ashd.http._uploads import files_from_body
 from ashd.services import Services
 from ashd.storage import _files
 
 routes = web.RouteTableDef()
+
+MAX_UPLOAD_FILES = 1000
 
 
 async def _source(services: Services, ten: str, sid: str) -> tuple[str, Path | None, Any]:
@@ -92,3 +95,22 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         fh.close()
         if reader is not None:
             reader.close()
+
+
+@routes.post("/api/sessions/{id}/files")
+async def upload_files(request: web.Request) -> web.Response:
+    """Write files into the live workspace of an active session (ash-ai-sdk's `{files: [{path, content,
+    mimeType?}], targetPath}`; contents read as agent uploads are: text, or base64 as its clients send)."""
+    services = request.app[SERVICES]
+    if services.sessions is None:
+        raise NotFound(f"Session {request.match_info['id']} not found")
+    body = await body_object(request)
+    raw = body.get("files")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("`files` must be a non-empty array of {path, content}")
+    if len(raw) > MAX_UPLOAD_FILES:
+        raise BadRequest(f"at most {MAX_UPLOAD_FILES} files per request; send the rest in another")
+    files = files_from_body(raw) or []
+    target = opt_str(body, "targetPath", max_len=4096) or "."
+    written = await services.sessions.write_files(tenant(request), request.match_info["id"], target, files)
+    return ok({"files": [{"path": path, "size": len(f.data)} for path, f in zip(written, files, strict=True)]})
