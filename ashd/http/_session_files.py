@@ -64,7 +64,8 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     try:
         if fmt == "json":
             if root is not None:
-                text = await asyncio.to_thread(lambda: _files.read_for_json(_files.resolve_file(root, rel)))
+                # Checked on the open descriptor: the sandbox may swap a path component meanwhile.
+                text = await asyncio.to_thread(_files.DirectoryReader(root).read_for_json, rel)
             else:
                 text = await asyncio.to_thread(reader.read_for_json, rel)
             return ok({"path": rel, "content": text, "size": len(text.encode()), "source": source})

@@ -40,7 +40,7 @@ from typing import BinaryIO
 from ashd.errors import BadRequest, NotFound, PayloadTooLarge, StorageError, StorageFull
 from ashd.storage import _untar
 from ashd.storage._failures import is_no_space
-from ashd.storage._files import MAX_ENTRIES, is_excluded, symlink_target, walk
+from ashd.storage._files import MAX_ENTRIES, is_excluded, open_inside, symlink_target, walk
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
         info = tarfile.TarInfo(rel)
         try:
             if entry.is_symlink():
-                target = symlink_target(real_root, Path(entry.path))
+                target = symlink_target(real_root, real_root / rel)
                 if target is None:
                     continue  # leaves the workspace, dangles, or leads into an excluded path
                 info.type = tarfile.SYMTYPE
@@ -268,7 +268,7 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
                 info.mtime = int(st.st_mtime)
                 tf.addfile(info)
             else:
-                count += _add_file(tf, info, entry.path, budget)
+                count += _add_file(tf, info, real_root, real_root / rel, budget)
         except FileNotFoundError:
             continue  # removed while we walked a live workspace
         if on_progress is not None:
@@ -276,16 +276,14 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
     return count
 
 
-def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, path: str, budget: _Budget) -> int:
-    # O_NOFOLLOW + fstat: the entry was a regular file when listed; refuse whatever replaced it.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, real_root: Path, path: Path, budget: _Budget) -> int:
+    # The entry was a regular file inside the workspace when listed; whatever replaced it since (a
+    # link, a FIFO, a parent directory swapped for a link to a host path) is refused on the descriptor.
+    fd = open_inside(real_root, path)
+    if fd is None:
         return 0
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return 0
         budget.take(st.st_size)  # before reading: a file over the budget is never compressed
         info.size = st.st_size
         info.mode = stat.S_IMODE(st.st_mode)
