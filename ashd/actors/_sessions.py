@@ -10,7 +10,9 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 from pykka import ActorRef
 
@@ -22,6 +24,8 @@ from ashd.errors import SandboxError, Unavailable
 from ashd.storage._agents import AgentFile
 from ashd.storage._models import Session, new_id
 from ashd.storage._workspace_writes import write_files
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -192,20 +196,26 @@ class SessionRegistry:
             proxy.end_exec()
         return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
 
-    async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
-        """Write files into the session's live workspace for an API client, owned by the sandbox
-        user; the sandbox is held (as for exec) so it is not evicted or swept meanwhile."""
+    async def in_live_workspace(self, tenant: str, session_id: str, what: str,
+                                fn: Callable[[Path, tuple[int, int] | None], T]) -> T:
+        """Run `fn(workspace, owner)` in a thread on the session's live workspace for an API client
+        (`what` it does names it in errors). The sandbox is held as for exec, so it is not evicted or
+        swept meanwhile; `owner` is the sandbox user, for what `fn` creates."""
         proxy = await self._actor(tenant, session_id)
-        await call(proxy.begin_exec("uploading files"), self.timeout + 2 * self.deps.setup_timeout)
+        await call(proxy.begin_exec(what), self.timeout + 2 * self.deps.setup_timeout)
         try:
             workspace = await call(proxy.workspace(), self.timeout)
             if workspace is None:
                 raise SandboxError("the session's sandbox went away; try again")
             owner = self.deps.sandbox_owner(session_id)
-            return await asyncio.get_running_loop().run_in_executor(
-                None, write_files, workspace, target, files, owner)
+            return await asyncio.get_running_loop().run_in_executor(None, fn, workspace, owner)
         finally:
             proxy.end_exec()
+
+    async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
+        """Write files into the session's live workspace, owned by the sandbox user."""
+        return await self.in_live_workspace(tenant, session_id, "uploading files",
+                                            lambda ws, owner: write_files(ws, target, files, owner))
 
     async def running_turn(self, tenant: str, session_id: str) -> str | None:
         ref = self._live(tenant, session_id)

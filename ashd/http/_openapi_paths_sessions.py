@@ -64,6 +64,27 @@ PATHS: dict[str, dict[str, Any]] = {
         "From `active` or `starting`; a stopped session can be resumed (cold) or ended. 413: the workspace "
         "holds more than a snapshot may store (SERVICE_SNAPSHOT_MAX_MB); 507: the data disk is full. In both "
         "cases the sandbox stays and nothing is lost."),
+    "/api/sessions/{id}/workspace": {
+        "get": op("downloadWorkspace", "Download the workspace as a tar.gz", "sessions",
+                  {200: {"description": "The workspace (excluded paths left out), from the live sandbox or else the "
+                                        "latest snapshot; `X-Service-Source` says which",
+                         "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}}},
+                  errors=(404, 413), params=[SID],
+                  description="413 when the live workspace holds more than SERVICE_SNAPSHOT_MAX_MB of files."),
+        "post": op("uploadWorkspace", "Restore a tar.gz bundle into the live workspace", "sessions",
+                   {200: reply("What was restored", obj({
+                       "message": STR, "restored": INT,
+                       "skipped": {"type": "array", "items": STR,
+                                   "description": "entries the rules refused (at most 100 listed)"}},
+                       ("message", "restored", "skipped")))},
+                   errors=(400, 404, 413, 500, 503, 507), params=[SID],
+                   request=body(obj({"bundle": {**STR, "description": "base64 of a tar or tar.gz archive"}},
+                                    ("bundle",))),
+                   description="The session must be `active`. Entries are extracted under the snapshot rules "
+                               "(no `..`, no absolute or escaping links, no devices, no set-uid bits, never "
+                               "written through a link) and belong to the sandbox user; existing files with "
+                               "the same names are replaced. 507: the sandbox's disk quota is full."),
+    },
     "/api/sessions/{id}/exec": {
         "post": op("execInSession", "Run a shell command in the session's sandbox", "sessions",
                    {200: reply("The command's exit code and output", obj({

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gzip
+import io
 import logging
 import os
 import re
@@ -292,6 +293,22 @@ def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, real_root: Path, path:
     return 1
 
 
+def bundle_workspace(workspace: Path, out: BinaryIO, budget: _Budget, *, compresslevel: int = 1,
+                     on_progress: Callable[[int], None] | None = None) -> int:
+    """Write `workspace` as a tar.gz to `out` (a snapshot's format); returns the files written.
+    SnapshotTooLarge once the files pass the budget."""
+    # mtime=0: the gzip header carries no clock, so identical trees give identical bytes.
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=compresslevel, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf,
+    ):
+        return _add_tree(tf, workspace, on_progress, budget)
+
+
+def bundle_budget(session_id: str, max_bytes: int | None) -> _Budget:
+    return _Budget(session_id, max_bytes)
+
+
 def snapshot_workspace(
     workspace: Path,
     dest_dir: Path,
@@ -316,12 +333,7 @@ def snapshot_workspace(
 
     def write(raw: BinaryIO) -> None:
         nonlocal count
-        # mtime=0: the gzip header carries no clock, so identical trees give identical bytes.
-        with (
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=0) as gz,
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf,
-        ):
-            count = _add_tree(tf, workspace, on_progress, budget)
+        count = bundle_workspace(workspace, raw, budget, compresslevel=compresslevel, on_progress=on_progress)
 
     started = time.monotonic()
     try:
@@ -340,6 +352,16 @@ def snapshot_workspace(
                "seconds": round(time.monotonic() - started, 3)},
     )
     return info
+
+
+def restore_bundle(data: bytes, dest: Path, owner: tuple[int, int] | None) -> _untar.Outcome:
+    """Extract a client's tar(.gz) bundle into a live workspace under the snapshot rules, every
+    entry created for `owner`. BadRequest for a damaged or non-tar bundle."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            return _untar.extract(tf, dest, keep=lambda rel: not is_excluded(rel), owner=owner)
+    except (tarfile.ReadError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise BadRequest(f"`bundle` is not a readable tar or tar.gz archive: {exc}") from exc
 
 
 def restore_workspace(snapshot: SnapshotInfo | Path, dest: Path) -> int:
