@@ -56,8 +56,19 @@ class SessionActor(AioActor):
     # --- create / resume -----------------------------------------------------------------------
     def create(self, req: CreateRequest, row: Session) -> dict[str, Any]:
         self.row = row  # just inserted by the registry: no need to read it back
+        return self._first_start("created", None, resume_history=False, restore=False, agent=req.agent)
+
+    def start_fork(self, row: Session) -> dict[str, Any]:
+        """Bring up a fork: its snapshot (the parent's workspace) restored and its copied conversation
+        handed to the engine, as on a cold resume."""
+        self.row = row
+        return self._first_start("forked", {"parentSessionId": row.parent_session_id},
+                                 resume_history=True, restore=True)
+
+    def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
+                     agent: Any = None) -> dict[str, Any]:
         try:
-            self._start_sandbox(resume_history=False, restore=False, agent=req.agent)
+            self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
         except ServiceError as exc:
             self._fail(exc.message)
             raise
@@ -69,7 +80,8 @@ class SessionActor(AioActor):
             self._fail(mapped.message if mapped else reason)
             raise (mapped or SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in "
                                           "the server log")) from exc
-        self.row = self._transition("active", "created", sandbox_id=self.handle.sandbox_id if self.handle else "")
+        self.row = self._transition("active", action, extra=extra,
+                                    sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
     def resume(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ashd.actors._aio import call
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.errors import SandboxError, Unavailable
+from ashd.errors import Conflict, SandboxError, Unavailable
 from ashd.storage._agents import AgentFile
 from ashd.storage._models import Session, new_id
 from ashd.storage._workspace_writes import write_files
@@ -78,6 +78,38 @@ class SessionRegistry:
             self._tenants[req.session_id] = req.tenant
         # Creation may install packages and run setup.sh: its budget includes the setup timeout.
         return await self._changed(req.session_id, ref.proxy().create(req, row),
+                                   self.timeout + 2 * self.deps.setup_timeout + 10)
+
+    async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> dict[str, Any]:
+        """A new session from `parent_id`: its workspace (live, else its latest snapshot) and its
+        conversation copied, its own sandbox started. Nothing is stored for the child until its
+        snapshot exists, so a refused snapshot (413, 507) leaves no trace."""
+        parent = await self.deps.sessions.get(tenant, parent_id)
+        if parent.status == "starting":
+            raise Conflict(f"Session {parent_id} is still starting; fork it once it is active")
+        await self.deps.resolve_agent(tenant, parent.agent_name)  # 404 when the agent is gone
+        snapshots = self.deps.snapshots
+        if snapshots is not None:
+            live = await self.workspace(tenant, parent_id)
+            if live is not None and Path(live).is_dir():
+                await call(snapshots.snapshot(child_id, Path(live)), self.timeout + 2 * self.deps.setup_timeout)
+            else:
+                await call(snapshots.copy_latest(parent_id, child_id), self.timeout + 2 * self.deps.setup_timeout)
+        row = Session(id=child_id, tenant_id=tenant, agent_name=parent.agent_name, model=parent.model,
+                      status="starting", config=parent.config, credential_id=parent.credential_id,
+                      env_ciphertext=encrypted_env)
+        try:
+            row = await self.deps.sessions.insert_fork(row, parent_id)
+        except BaseException:
+            if snapshots is not None:
+                snapshots.delete(child_id)
+            raise
+        async with self._lock:
+            ref = SessionActor.start(self.deps, child_id, tenant)
+            self._actors[child_id] = ref
+            self._tenants[child_id] = tenant
+        self._remember(parent_id, None)
+        return await self._changed(child_id, ref.proxy().start_fork(row),
                                    self.timeout + 2 * self.deps.setup_timeout + 10)
 
     def _remember(self, session_id: str, view: dict[str, Any] | None, epoch: int | None = None) -> None:

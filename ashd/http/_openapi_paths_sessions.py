@@ -85,6 +85,17 @@ PATHS: dict[str, dict[str, Any]] = {
                                "written through a link) and belong to the sandbox user; existing files with "
                                "the same names are replaced. 507: the sandbox's disk quota is full."),
     },
+    "/api/sessions/{id}/fork": {
+        "post": op("forkSession", "Fork a session: its workspace and conversation in a new session", "sessions",
+                   {201: reply("The new session, `active`, with `parentSessionId`", SESSION)},
+                   errors=(404, 409, 413, 500, 503, 507), params=[SID],
+                   description="The workspace is taken from the live sandbox, else the latest snapshot; the "
+                               "conversation (its messages) is copied, so the new session's model sees it, as "
+                               "on a cold resume. Lifecycle event `forked` on both sessions (`childSessionId`, "
+                               "`parentSessionId`). 409: the session is still starting, or the tenant's storage "
+                               "limit is reached. 413: the workspace is over SERVICE_SNAPSHOT_MAX_MB. 507: the "
+                               "data disk is full."),
+    },
     "/api/sessions/{id}/exec": {
         "post": op("execInSession", "Run a shell command in the session's sandbox", "sessions",
                    {200: reply("The command's exit code and output", obj({
