@@ -145,8 +145,8 @@ def chat(agent: str, session_id: str | None, messages: tuple[str, ...], url: str
             with waiting(f"resuming session {session_id} ({session['status']})"):
                 client.call("POST", f"/api/sessions/{session_id}/resume")
     errors.print(f"[dim]session {session_id} · agent {agent} · Ctrl-C interrupts a turn, "
-                 "Ctrl-D or /exit leaves[/dim]")
+                 "Ctrl-D or /exit leaves[/dim]", soft_wrap=True)
     for text in _prompts(messages):
         run_turn(client, session_id, text)
     errors.print(f"[dim]session {session_id} stays; continue with `ashd chat {agent} --session {session_id}`, "
-                 f"end it with `ashd sessions rm {session_id}`[/dim]")
+                 f"end it with `ashd sessions rm {session_id}`[/dim]", soft_wrap=True)
