@@ -3,7 +3,6 @@ remote commands (`agents`, `sessions`, `chat`, `status`) that talk HTTP to a ser
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import click
@@ -12,11 +11,11 @@ from ashd import __version__
 from ashd.cli._agents import agents
 from ashd.cli._chat import chat
 from ashd.cli._keys import keys
+from ashd.cli._serve import serve
 from ashd.cli._sessions import sessions
 from ashd.cli._status import status
-from ashd.config import load_settings, options_markdown
+from ashd.config import options_markdown
 from ashd.errors import ConfigError, ServiceError
-from ashd.logs import setup_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,27 +24,18 @@ def cli() -> None:
     """ashd: hosted agent orchestration service."""
 
 
-@cli.command("serve")
-def serve() -> None:
-    """Run the service (configuration from SERVICE_* variables; see `ashd config`)."""
-    from ashd.app import run
-
-    settings = load_settings()
-    setup_logging(settings.log_level)
-    asyncio.run(run(settings))
-
-
 @cli.command("config")
 def config() -> None:
     """Print the configuration table (markdown)."""
     click.echo(options_markdown())
 
 
-for command in (keys, agents, sessions, chat, status):
+for command in (serve, keys, agents, sessions, chat, status):
     cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # click turns a closed pipe (`ashd config | head`) into a quiet exit 1, without BrokenPipeError.
     try:
         cli.main(args=argv, prog_name="ashd", standalone_mode=False)
     except click.exceptions.Abort:

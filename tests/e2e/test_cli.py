@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +66,31 @@ def test_keys_refuse_a_directory_without_the_servers_database(short_tmp: Path) -
     assert result.returncode == 1
     assert "no ashd database" in result.stderr and "--data-dir" in result.stderr
     assert not (short_tmp / "data").exists()  # nothing created
+
+
+def test_a_taken_port_is_one_clear_line(short_tmp: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+        env.update({"SERVICE_DATA_DIR": str(short_tmp / "data"), "SERVICE_HOST": "127.0.0.1",
+                    "SERVICE_PORT": str(port)})
+        result = subprocess.run([*ASHD, "serve"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"port {port}" in lines[0] and "already in use" in lines[0] and "SERVICE_PORT" in lines[0]
+
+
+def test_output_into_a_closed_pipe_is_quiet() -> None:
+    """`ashd config | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    proc = subprocess.Popen([*ASHD, "config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes anything
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 TOOL_TURNS = [
