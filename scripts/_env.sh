@@ -32,7 +32,9 @@ VENV="${VENV:-.venv}"
 ashd_venv "$VENV"
 EXTRAS="${1:-}"
 stamp="$VENV/.installed${EXTRAS:+-$EXTRAS}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+fresh() { [ -f "$1" ] && ! [ pyproject.toml -nt "$1" ]; }
+# A dev install (scripts/test) has everything scripts/serve needs: no second install over it.
+if ! fresh "$stamp" && ! { [ -z "$EXTRAS" ] && fresh "$VENV/.installed-dev"; }; then
   # A first start takes a while (pip resolves and downloads everything): say so instead of going quiet.
   echo "ashd: installing ashd${EXTRAS:+[$EXTRAS]} and its Python dependencies into $VENV (first start or pyproject.toml changed)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip >/dev/null
