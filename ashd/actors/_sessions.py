@@ -7,6 +7,7 @@ then on the session's actor owns every transition.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 from typing import Any
@@ -106,7 +107,17 @@ class SessionRegistry:
 
     async def pause(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
-        return await self._changed(session_id, proxy.pause(), self.timeout)
+        self._remember(session_id, None)
+        answer: dict[str, Any] | concurrent.futures.Future[dict[str, Any]] = await call(proxy.pause(), self.timeout)
+        if isinstance(answer, concurrent.futures.Future):  # a turn was running: it is interrupted first
+            try:
+                async with asyncio.timeout(self.timeout + self.deps.shutdown_grace):
+                    answer = await asyncio.wrap_future(answer)
+            except TimeoutError as exc:
+                raise Unavailable("the running turn did not stop in time for the pause; try again") from exc
+        view: dict[str, Any] = answer
+        self._remember(session_id, view)
+        return view
 
     async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
@@ -167,6 +178,17 @@ class SessionRegistry:
         ref = self._actors.get(ticket.session_id)
         if ref is not None and ref.is_alive():
             ref.proxy().end_turn(ticket.query_id)
+
+    async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,
+        same output caps. Returns the bridge's `{exitCode, stdout, stderr[, timedOut]}`."""
+        proxy = await self._actor(tenant, session_id)
+        conn = await call(proxy.begin_exec(), self.timeout + 2 * self.deps.setup_timeout)
+        try:
+            frame = await conn.exec(argv, timeout=timeout_s)  # SandboxError if the sandbox goes away
+        finally:
+            proxy.end_exec()
+        return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
 
     async def running_turn(self, tenant: str, session_id: str) -> str | None:
         ref = self._live(tenant, session_id)

@@ -21,6 +21,7 @@ ROUTE_MODULES: list[str] = [
     "ashd.http._sessions",
     "ashd.http._session_stream",
     "ashd.http._session_files",
+    "ashd.http._session_exec",
     "ashd.http._model_calls",
     "ashd.http._usage",
     "ashd.http._storage",

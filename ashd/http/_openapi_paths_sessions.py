@@ -52,7 +52,9 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/api/sessions/{id}/pause": _action(
         "pauseSession", "Pause an active session", (400, 404),
-        "Only an `active` session can be paused; any other status is 400 naming it."),
+        "Only an `active` session can be paused; any other status is 400 naming it. A running turn is "
+        "interrupted first (its stream ends with `error {error: \"interrupted: session paused\"}` then "
+        "`done`), stored, and then the session is paused."),
     "/api/sessions/{id}/resume": _action(
         "resumeSession", "Resume a session (warm or cold path)", (404, 410, 500, 503, 507),
         "Warm when the original sandbox is alive, else cold with the workspace restored from a snapshot. "
@@ -62,6 +64,22 @@ PATHS: dict[str, dict[str, Any]] = {
         "From `active` or `starting`; a stopped session can be resumed (cold) or ended. 413: the workspace "
         "holds more than a snapshot may store (SERVICE_SNAPSHOT_MAX_MB); 507: the data disk is full. In both "
         "cases the sandbox stays and nothing is lost."),
+    "/api/sessions/{id}/exec": {
+        "post": op("execInSession", "Run a shell command in the session's sandbox", "sessions",
+                   {200: reply("The command's exit code and output", obj({
+                       "exitCode": INT, "stdout": STR, "stderr": STR,
+                       "timedOut": {**BOOL, "description": "present and true when the timeout killed it"}},
+                       ("exitCode", "stdout", "stderr")))},
+                   errors=(400, 404, 500, 503), params=[SID],
+                   request=body(obj({"command": {**STR, "description": "run by `bash -c` in /workspace"},
+                                     "timeout": {**INT, "minimum": 1, "maximum": 600000, "default": 60000,
+                                                 "description": "milliseconds; the command's process group is "
+                                                                "killed when it passes"}}, ("command",))),
+                   description="Not through the model: the command runs in the sandbox as the engine's Bash "
+                               "tool runs one (same isolation, limits and output caps: 1 MiB per stream). "
+                               "The session must be `active`; a sandbox that died is brought back first. "
+                               "A non-zero exit is still 200."),
+    },
     "/api/sessions/{id}/interrupt": {
         "post": op("interruptSession", "Abort the running turn", "sessions",
                    {200: reply("Interrupted", obj({"ok": BOOL, "sessionId": UUID}, ("ok", "sessionId")))},

@@ -244,12 +244,11 @@ def mime_type(filename: str) -> str:
 
 
 def content_disposition(filename: str) -> str:
-    """`attachment; filename*=UTF-8''<percent-encoded>` (RFC 6266/5987) plus an ASCII `filename=`
-    fallback for old clients. Only the last path component is used."""
+    """`attachment; filename*=UTF-8''<percent-encoded>` (RFC 6266/5987) and no other parameter, as the
+    interface gives it (decisions.md); every current client reads `filename*`. Only the last path
+    component is used."""
     name = filename.rsplit("/", 1)[-1] or "download"
-    encoded = urllib.parse.quote(name, safe="")
-    fallback = "".join(c if 0x20 <= ord(c) < 0x7F and c not in '"\\' else "_" for c in name)
-    return f"attachment; filename*=UTF-8''{encoded}; filename=\"{fallback}\""
+    return f"attachment; filename*=UTF-8''{urllib.parse.quote(name, safe='')}"
 
 
 def _human(limit: int) -> str:

@@ -226,8 +226,10 @@ class Sessions:
 
     async def events(self, tenant: str, session_id: str, after: int, limit: int,
                      type_: str | None) -> builtins.list[dict[str, Any]]:
+        # Rows of type "frame" only carry stream frames for replay: dropped here, before the limit, so
+        # `after=7&limit=1` still finds the next event that a client can see.
         query = select(SessionEvent).where(SessionEvent.session_id == session_id, SessionEvent.tenant_id == tenant,
-                                           SessionEvent.sequence > after)
+                                           SessionEvent.sequence > after, SessionEvent.type != "frame")
         if type_:
             query = query.where(SessionEvent.type == type_)
         async with self.db.read() as s:
