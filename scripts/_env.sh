@@ -43,6 +43,9 @@ if ! fresh "$stamp" && ! { [ -z "$EXTRAS" ] && fresh "$VENV/.installed-dev"; }; 
   if "$VENV/bin/python" -m pip show -q swagger-ui-bundle >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip uninstall -q -y swagger-ui-bundle >/dev/null
   fi
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+  # setuptools warns on every editable install that a folder named like the package could shadow
+  # it (it is the package): a warning a first start should not greet people with.
+  PYTHONWARNINGS="ignore::UserWarning" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
   touch "$stamp"
 fi
