@@ -196,3 +196,23 @@ def test_chat_in_a_real_terminal(server: Server, short_tmp: Path) -> None:
     out = Path(os.environ.get("ASHD_TEST_ARTIFACTS", short_tmp))
     out.mkdir(parents=True, exist_ok=True)
     (out / "chat-recording.txt").write_text(recording.rstrip() + "\n")
+
+
+@pytest.mark.sandbox
+def test_without_an_api_key_the_turn_says_so(short_tmp: Path, fake_model_process: str) -> None:  # noqa: F811
+    """The quick start's old trap: only ANTHROPIC_BASE_URL set. The model proxy's own refusal reaches
+    the client as it is, not rewritten into "the model API rejected the API key (401)"."""
+    data, port = short_tmp / "data", free_port()
+    proc = start(data, port, ANTHROPIC_BASE_URL=fake_model_process, ANTHROPIC_API_KEY="")  # empty: unset
+    try:
+        plain = Server(f"http://127.0.0.1:{port}", (data / "initial-api-key").read_text().strip(), data,
+                       fake_model_process)
+        folder = short_tmp / "helper"
+        folder.mkdir()
+        (folder / "AGENT.md").write_text("You are a helpful agent.")
+        ashd(plain, "agents", "deploy", str(folder))
+        out = ashd(plain, "chat", "helper", "-m", "hello").stdout
+        assert "no API key for this session" in out and "ANTHROPIC_API_KEY" in out, out
+        assert "rejected the API key" not in out
+    finally:
+        stop(proc)
