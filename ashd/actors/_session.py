@@ -56,8 +56,19 @@ class SessionActor(AioActor):
     # --- create / resume -----------------------------------------------------------------------
     def create(self, req: CreateRequest, row: Session) -> dict[str, Any]:
         self.row = row  # just inserted by the registry: no need to read it back
+        return self._first_start("created", None, resume_history=False, restore=False, agent=req.agent)
+
+    def start_fork(self, row: Session) -> dict[str, Any]:
+        """Bring up a fork: its snapshot (the parent's workspace) restored and its copied conversation
+        handed to the engine, as on a cold resume."""
+        self.row = row
+        return self._first_start("forked", {"parentSessionId": row.parent_session_id},
+                                 resume_history=True, restore=True)
+
+    def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
+                     agent: Any = None) -> dict[str, Any]:
         try:
-            self._start_sandbox(resume_history=False, restore=False, agent=req.agent)
+            self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
         except ServiceError as exc:
             self._fail(exc.message)
             raise
@@ -69,7 +80,8 @@ class SessionActor(AioActor):
             self._fail(mapped.message if mapped else reason)
             raise (mapped or SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in "
                                           "the server log")) from exc
-        self.row = self._transition("active", "created", sandbox_id=self.handle.sandbox_id if self.handle else "")
+        self.row = self._transition("active", action, extra=extra,
+                                    sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
     def resume(self) -> dict[str, Any]:
@@ -286,7 +298,7 @@ class SessionActor(AioActor):
                                cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None)
         return self.turn
 
-    def begin_exec(self) -> Any:
+    def begin_exec(self, what: str = "running commands") -> Any:
         """The live bridge connection for a command run through the API (not through the model).
         The sandbox is kept from eviction and the idle sweep until `end_exec`; one that died between
         turns is brought back first, as for a turn."""
@@ -294,7 +306,7 @@ class SessionActor(AioActor):
         if row.status == "ended":
             raise BadRequest("Session is ended; create a new session")
         if row.status != "active":
-            raise BadRequest(f"Session is {row.status}; resume it before running commands")
+            raise BadRequest(f"Session is {row.status}; resume it before {what}")
         if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
                 self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
             if self.turn is not None:  # the turn's own failure handling brings the sandbox back

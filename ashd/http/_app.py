@@ -23,6 +23,8 @@ ROUTE_MODULES: list[str] = [
     "ashd.http._session_stream",
     "ashd.http._session_files",
     "ashd.http._session_exec",
+    "ashd.http._session_fork",
+    "ashd.http._session_workspace",
     "ashd.http._model_calls",
     "ashd.http._usage",
     "ashd.http._storage",

@@ -64,6 +64,38 @@ PATHS: dict[str, dict[str, Any]] = {
         "From `active` or `starting`; a stopped session can be resumed (cold) or ended. 413: the workspace "
         "holds more than a snapshot may store (SERVICE_SNAPSHOT_MAX_MB); 507: the data disk is full. In both "
         "cases the sandbox stays and nothing is lost."),
+    "/api/sessions/{id}/workspace": {
+        "get": op("downloadWorkspace", "Download the workspace as a tar.gz", "sessions",
+                  {200: {"description": "The workspace (excluded paths left out), from the live sandbox or else the "
+                                        "latest snapshot; `X-Service-Source` says which",
+                         "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}}},
+                  errors=(404, 413), params=[SID],
+                  description="413 when the live workspace holds more than SERVICE_SNAPSHOT_MAX_MB of files."),
+        "post": op("uploadWorkspace", "Restore a tar.gz bundle into the live workspace", "sessions",
+                   {200: reply("What was restored", obj({
+                       "message": STR, "restored": INT,
+                       "skipped": {"type": "array", "items": STR,
+                                   "description": "entries the rules refused (at most 100 listed)"}},
+                       ("message", "restored", "skipped")))},
+                   errors=(400, 404, 413, 500, 503, 507), params=[SID],
+                   request=body(obj({"bundle": {**STR, "description": "base64 of a tar or tar.gz archive"}},
+                                    ("bundle",))),
+                   description="The session must be `active`. Entries are extracted under the snapshot rules "
+                               "(no `..`, no absolute or escaping links, no devices, no set-uid bits, never "
+                               "written through a link) and belong to the sandbox user; existing files with "
+                               "the same names are replaced. 507: the sandbox's disk quota is full."),
+    },
+    "/api/sessions/{id}/fork": {
+        "post": op("forkSession", "Fork a session: its workspace and conversation in a new session", "sessions",
+                   {201: reply("The new session, `active`, with `parentSessionId`", SESSION)},
+                   errors=(404, 409, 413, 500, 503, 507), params=[SID],
+                   description="The workspace is taken from the live sandbox, else the latest snapshot; the "
+                               "conversation (its messages) is copied, so the new session's model sees it, as "
+                               "on a cold resume. Lifecycle event `forked` on both sessions (`childSessionId`, "
+                               "`parentSessionId`). 409: the session is still starting, or the tenant's storage "
+                               "limit is reached. 413: the workspace is over SERVICE_SNAPSHOT_MAX_MB. 507: the "
+                               "data disk is full."),
+    },
     "/api/sessions/{id}/exec": {
         "post": op("execInSession", "Run a shell command in the session's sandbox", "sessions",
                    {200: reply("The command's exit code and output", obj({
@@ -133,6 +165,25 @@ PATHS: dict[str, dict[str, Any]] = {
                           "source": {"type": "string", "enum": ["sandbox", "snapshot"]}}})},
                   errors=(404,), params=[SID, query("includeHidden", {**BOOL, "default": True},
                                                     "accepted for client compatibility")]),
+        "post": op("uploadSessionFiles", "Write files into the live workspace", "sessions",
+                   {200: reply("What was written", {
+                       "type": "object", "required": ["files"], "properties": {"files": {
+                           "type": "array", "items": obj({"path": STR, "size": INT}, ("path", "size"))}}})},
+                   errors=(400, 404, 413, 500, 503, 507), params=[SID],
+                   request=body(obj({
+                       "files": {"type": "array", "minItems": 1, "maxItems": 1000, "items": obj({
+                           "path": {**STR, "description": "relative to `targetPath`; no `..`, not absolute"},
+                           "content": {**STR, "description": "UTF-8 text, or base64 with `encoding: base64` "
+                                                             "(base64 without `encoding`, as the reference's "
+                                                             "clients send it, is recognised)"},
+                           "encoding": {"type": "string", "enum": ["base64", "utf-8"]},
+                           "mimeType": STR}, ("path", "content"))},
+                       "targetPath": {**STR, "default": ".", "description": "workspace directory to write under"}},
+                       ("files",))),
+                   description="The session must be `active` (a sandbox that died is brought back first). Files "
+                               "belong to the sandbox user; an existing file is replaced, never written through "
+                               "a link; a link or file on the way is 400. 507: the sandbox's disk quota is "
+                               "full (files written before stay)."),
     },
     "/api/sessions/{id}/files/{path}": {
         "get": op("getSessionFile", "Download one workspace file", "sessions", {200: {
