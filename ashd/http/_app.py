@@ -10,6 +10,7 @@ from ashd.http._auth import auth_middleware
 from ashd.http._errors import error_middleware
 from ashd.http._keys import SERVICES
 from ashd.http._storage_guard import storage_guard_middleware
+from ashd.http._strict import strict_query_middleware
 from ashd.services import Services
 
 # Route modules register themselves here; each exposes a `routes` RouteTableDef.
@@ -34,7 +35,7 @@ ROUTE_MODULES: list[str] = [
 
 def build_app(services: Services) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware, storage_guard_middleware],
+        middlewares=[error_middleware, auth_middleware, strict_query_middleware, storage_guard_middleware],
         client_max_size=services.settings.max_body_bytes,
     )
     app[SERVICES] = services
