@@ -43,6 +43,23 @@ def result_of(frames: list[dict[str, Any]]) -> dict[str, Any]:
     return results[0]
 
 
+def system_text(body: dict[str, Any]) -> str:
+    """The system prompt of a request (sent as blocks, to carry a cache breakpoint)."""
+    system = body["system"]
+    return system if isinstance(system, str) else "".join(b["text"] for b in system)
+
+
+def marked(body: dict[str, Any]) -> list[str]:
+    """Where a request's cache breakpoints are: `tool:<name>`, `system`, `message:<index>`."""
+    out = [f"tool:{t['name']}" for t in body.get("tools") or [] if "cache_control" in t]
+    system = body.get("system")
+    out += ["system" for b in (system if isinstance(system, list) else []) if "cache_control" in b]
+    for i, msg in enumerate(body["messages"]):
+        content = msg["content"]
+        out += [f"message:{i}" for b in (content if isinstance(content, list) else []) if "cache_control" in b]
+    return out
+
+
 def block_text(block: dict[str, Any]) -> str:
     content = block["content"]
     return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
@@ -181,7 +198,7 @@ async def test_subagent_runs_via_task(bridge: BridgeHarness, fake_model: FakeMod
     assert outer["tool_use_id"] == task_id
     assert block_text(outer) == "sub answer"
     sub_request = fake_model.requests_containing("SUB-1 find it")[1]["body"]
-    assert sub_request["system"] == "You research."
+    assert system_text(sub_request) == "You research."
     assert [t["name"] for t in sub_request["tools"]] == ["Read"]
     assert result_of(frames)["num_turns"] == 4
 
@@ -192,7 +209,7 @@ async def test_initial_agent_sets_main_prompt(bridge: BridgeHarness, fake_model:
     conn = await bridge.init({"subagents": subagents, "initialAgent": "writer"})
     await collect(conn, "INIT-AGENT-1")
     body = fake_model.requests_containing("INIT-AGENT-1")[0]["body"]
-    assert body["system"] == "You write."
+    assert system_text(body) == "You write."
     assert [t["name"] for t in body["tools"]] == ["Write"]
     assert body["model"] == "claude-haiku-4-5"
 
@@ -205,7 +222,7 @@ async def test_system_prompt_model_precedence_and_key(bridge: BridgeHarness, fak
     await collect(conn, "PREC-1")
     await collect(conn, "PREC-2", model="claude-from-query")
     first = fake_model.requests_containing("PREC-1")[0]
-    assert first["body"]["system"] == "You are the test agent."
+    assert system_text(first["body"]) == "You are the test agent."
     assert first["body"]["model"] == "claude-from-settings"
     assert first["headers"]["x-api-key"] == TEST_API_KEY
     assert first["headers"]["anthropic-beta"] == "beta-one,beta-two"
@@ -376,3 +393,33 @@ async def test_mcp_remote_streamable_http_server(bridge: BridgeHarness, fake_mod
     finally:
         server.terminate()
         await server.wait()
+
+
+async def test_prompt_caching_breakpoints_and_cache_usage(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    (bridge.workspace / "AGENT.md").write_text("You are the caching agent.")
+    fake_model.script(
+        "CACHE-1",
+        [
+            {"content": [tool("Bash", command="echo one"), tool("Bash", command="echo two")]},
+            {"content": [text("cached")]},
+        ],
+    )
+    conn = await bridge.init({})
+    first = result_of(await collect(conn, "CACHE-1 go"))
+    second = result_of(await collect(conn, "CACHE-2 again"))
+    bodies = [r["body"] for r in fake_model.requests_containing("CACHE-1")]
+    assert len(bodies) == 3
+    last_tool = bodies[0]["tools"][-1]["name"]
+    # At most four: the tools, the system prompt, the end of the conversation and the user turn
+    # before it (the prefix the previous call wrote).
+    assert marked(bodies[0]) == [f"tool:{last_tool}", "system", "message:0"]
+    assert marked(bodies[1]) == [f"tool:{last_tool}", "system", "message:0", "message:2"]
+    assert marked(bodies[2]) == [f"tool:{last_tool}", "system", "message:2", "message:4"]
+    # Only the request carries the marks: the conversation the engine keeps (and emits) has none.
+    assert "cache_control" not in json.dumps(bodies[2]["messages"][1])
+    assert bodies[2]["messages"][2]["content"][-1]["type"] == "tool_result"
+    # The fake caches like the API: later calls read what earlier ones wrote, and the result says so.
+    assert first["usage"]["cache_creation_input_tokens"] > 0
+    assert first["usage"]["cache_read_input_tokens"] > 0
+    # The next query reads the longer prefix the previous call wrote (through its tool results).
+    assert second["usage"]["cache_read_input_tokens"] > first["usage"]["cache_read_input_tokens"]

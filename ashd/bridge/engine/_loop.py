@@ -15,6 +15,7 @@ from typing import Any
 import anthropic
 
 from ashd.bridge.engine import _messages as m
+from ashd.bridge.engine._cache import cached_messages, cached_system, cached_tools
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._mcp import LogFn, McpManager
 from ashd.bridge.engine._model import ModelError, call_model, make_client
@@ -179,18 +180,7 @@ class Engine:
         while True:
             if turns >= max_turns:
                 return "error_max_turns", f"stopped after reaching the maximum of {max_turns} turns"
-            params: dict[str, Any] = {
-                "model": profile.model,
-                "max_tokens": self.config.max_tokens,
-                "messages": messages,
-            }
-            if profile.system:
-                params["system"] = profile.system
-            if profile.tools:
-                params["tools"] = [
-                    {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-                    for t in profile.tools.values()
-                ]
+            params = self._request(profile, messages)
 
             async def on_event(event: dict[str, Any]) -> None:
                 await q.emit(m.stream_event(event, self.session_id, parent))
@@ -212,6 +202,23 @@ class Engine:
             results = [await self._run_tool(b, profile.tools) for b in uses]
             messages.append({"role": "user", "content": results})
             await q.emit(m.user_tool_results(results, self.session_id, parent))
+
+    def _request(self, profile: Profile, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The Messages API request for the conversation so far, with its cache breakpoints."""
+        params: dict[str, Any] = {
+            "model": profile.model,
+            "max_tokens": self.config.max_tokens,
+            "messages": cached_messages(messages),
+        }
+        system = cached_system(profile.system)
+        if system:
+            params["system"] = system
+        if profile.tools:
+            params["tools"] = cached_tools(
+                [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                 for t in profile.tools.values()]
+            )
+        return params
 
     async def _run_tool(self, block: dict[str, Any], tools: dict[str, Tool]) -> dict[str, Any]:
         assert self._query is not None
