@@ -167,6 +167,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
         sandbox_owner=lambda _sid: _sandbox_owner(),
         warmer=warmer,
         seccomp_profile=settings.seccomp_profile,
+        context_window=settings.model_context_window,
     )
     registry = SessionRegistry(deps)
     registry_holder["r"] = registry

@@ -42,9 +42,9 @@ class FakeModel:
         self.url = ""
 
     # -- in-process API ----------------------------------------------------------------------
-    def script(self, match: str, turns: list[dict[str, Any]]) -> None:
-        """Register (or replace) the script selected by `match`."""
-        self.scripts.register(match, turns)
+    def script(self, match: str, turns: list[dict[str, Any]], *, sequential: bool = False) -> None:
+        """Register (or replace) the script selected by `match` (`sequential`: see _fake_script)."""
+        self.scripts.register(match, turns, sequential)
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -138,7 +138,7 @@ class FakeModel:
     async def _post_script(self, request: web.Request) -> web.Response:
         try:
             data = await request.json()
-            self.scripts.register(str(data.get("match") or ""), data.get("turns"))
+            self.scripts.register(str(data.get("match") or ""), data.get("turns"), bool(data.get("sequential")))
         except (ValueError, AttributeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         return web.json_response({"ok": True}, status=201)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ashd.bridge.engine._compact import CURRENT_REQUEST, SUMMARY_HEADER, SUMMARY_INSTRUCTION
 from ashd.bridge.history import history_from_stored
 from ashd.devtools.fake_model import FakeModel
 from ashd.sandboxing._bridge_client import BridgeConnection
@@ -423,3 +424,104 @@ async def test_prompt_caching_breakpoints_and_cache_usage(bridge: BridgeHarness,
     assert first["usage"]["cache_read_input_tokens"] > 0
     # The next query reads the longer prefix the previous call wrote (through its tool results).
     assert second["usage"]["cache_read_input_tokens"] > first["usage"]["cache_read_input_tokens"]
+
+
+def summary_script(fake_model: FakeModel, summary: str) -> None:
+    """The compaction's summary call, answered by its instruction (the longest match wins)."""
+    fake_model.script(SUMMARY_INSTRUCTION[:60], [{"content": [text(summary)]}])
+
+
+def compactions(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in messages_of(frames) if m["type"] == "system" and m.get("subtype") == "compact_boundary"]
+
+
+def first_text(message: dict[str, Any]) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else content[0]["text"]
+
+
+# An unknown model: the window is the init's contextWindow (the server's SERVICE_MODEL_CONTEXT_WINDOW).
+SMALL_WINDOW = {"model": "claude-fake-model", "contextWindow": 8000, "maxTokens": 1000}
+
+
+def print_chars(char: str, count: int = 9000) -> dict[str, Any]:
+    return tool("Bash", command=f"python3 -c \"print('{char}' * {count})\"")
+
+
+async def test_a_conversation_past_the_window_is_compacted_and_goes_on(
+    bridge: BridgeHarness, fake_model: FakeModel
+) -> None:
+    summary_script(fake_model, "SUMMARY-OF-OVF: printed a and b")
+    fake_model.script(
+        "OVF-1",
+        [
+            {"content": [print_chars("a")]},
+            {"content": [print_chars("b")]},
+            {"content": [print_chars("c")]},
+            {"content": [text("overflow done")]},
+        ],
+        sequential=True,
+    )
+    conn = await bridge.init(SMALL_WINDOW)
+    frames = await collect(conn, "OVF-1 print three blocks")
+    res = result_of(frames)
+    assert res["subtype"] == "success" and res["result"] == "overflow done"
+    [boundary] = compactions(frames)
+    assert boundary["compact_metadata"]["trigger"] == "auto"
+    assert boundary["compact_metadata"]["pre_tokens"] > 0.85 * 8000 - 1000
+    kept = boundary["compaction"]
+    # The last model turn and its tool result are kept verbatim (the open tool call); the rest is summarised.
+    third_use = [m for m in messages_of(frames) if m["type"] == "assistant"][2]["message"]["content"][0]
+    assert (kept["summarisedMessages"], kept["keptMessages"], kept["keptToolUseIds"]) == (5, 2, [third_use["id"]])
+    requests = [r["body"] for r in fake_model.requests if "OVF-1" in json.dumps(r["body"])]
+    summarising = [b for b in requests if SUMMARY_INSTRUCTION in json.dumps(b)]
+    assert len(summarising) == 1 and summarising[0]["tool_choice"] == {"type": "none"}
+    assert len(summarising[0]["messages"]) == 5
+    after = requests[-1]["messages"]
+    assert len(after) == 3  # the summary, then the kept model turn and its tool result
+    assert first_text(after[0]).startswith(SUMMARY_HEADER.format(count=5))
+    assert "SUMMARY-OF-OVF" in first_text(after[0])
+    assert f"{CURRENT_REQUEST}\nOVF-1 print three blocks" in first_text(after[0])
+    assert after[1]["content"][0]["id"] == third_use["id"]
+    assert "c" * 9000 in json.dumps(after[2])
+    # Nothing the service stores is lost: every turn and tool result was emitted as it happened.
+    assert len([m for m in messages_of(frames) if m["type"] == "assistant"]) == 4
+    assert len(tool_results(frames)) == 3
+    # The summary call is paid for like any other.
+    assert res["usage"]["output_tokens"] >= sum(
+        m["message"]["usage"]["output_tokens"] for m in messages_of(frames) if m["type"] == "assistant"
+    )
+
+    # A cold resume rebuilds the compacted view from the stored messages (the compaction included).
+    stored = [{"type": "user", "content": "OVF-1 print three blocks"}, *messages_of(frames)]
+    history = history_from_stored(stored)
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+    assert first_text(history[0]) == kept["summary"]
+    conn2 = await bridge.init({**SMALL_WINDOW, "history": history})
+    await collect(conn2, "OVF-2 and now")
+    resumed = fake_model.requests_containing("OVF-2 and now")[0]["body"]["messages"]
+    assert first_text(resumed[0]) == kept["summary"]
+    assert len(resumed) == 5
+
+
+async def test_prompt_too_long_compacts_and_recovers(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    summary_script(fake_model, "SUMMARY-PTL: said hello")
+    too_long = {"status": 400, "type": "invalid_request_error", "message": "prompt is too long: 212000 tokens > 200000 maximum"}
+    fake_model.script("PTL-1", [{"errors": [too_long], "content": [text("recovered")]}])
+    fake_model.script("PTL-X", [{"error": too_long}])
+    conn = await bridge.init({})
+    await collect(conn, "PTL-0 hello")
+    frames = await collect(conn, "PTL-1 go on")
+    res = result_of(frames)
+    assert res["subtype"] == "success" and res["result"] == "recovered"
+    [boundary] = compactions(frames)
+    assert boundary["compact_metadata"]["trigger"] == "prompt_too_long"
+    retried = fake_model.requests_containing("PTL-1 go on")[-1]["body"]["messages"]
+    assert "SUMMARY-PTL" in first_text(retried[0])
+    assert retried[-1]["content"][0]["text"] == "PTL-1 go on"
+
+    # With nothing left to compact, the turn fails with words a person can act on.
+    fresh = await bridge.init({})
+    failed = result_of(await collect(fresh, "PTL-X alone"))
+    assert failed["is_error"] is True
+    assert "does not fit the model's context window" in failed["result"]
