@@ -168,6 +168,7 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
         warmer=warmer,
         seccomp_profile=settings.seccomp_profile,
         context_window=settings.model_context_window,
+        engine=settings.engine,
     )
     registry = SessionRegistry(deps)
     registry_holder["r"] = registry

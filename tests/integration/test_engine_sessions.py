@@ -78,3 +78,37 @@ async def test_compaction_is_stored_and_a_cold_resume_gets_the_compacted_view(wa
     assert first_text(resumed[0]) == data["summary"]
     assert [m["role"] for m in resumed] == ["user", "assistant", "user", "assistant", "user"]
     assert "b" * 20_000 in json.dumps(resumed[2])
+
+
+async def deploy_files(api: Api, name: str, settings: dict[str, Any]) -> tuple[int, Any]:
+    files = [{"path": "AGENT.md", "content": "You are the engine tester."},
+             {"path": ".agent/settings.json", "content": json.dumps(settings)}]
+    return await api.call("POST", "/api/agents", json={"name": name, "files": files})
+
+
+async def test_an_unknown_engine_is_refused_at_deploy(wapi: Api) -> None:
+    status, body = await deploy_files(wapi, "no-engine", {"engine": "gpt-engine"})
+    assert status == 400, body
+    assert body["statusCode"] == 400
+    assert "unknown engine 'gpt-engine'" in body["error"] and "builtin, claude-agent-sdk" in body["error"]
+    status, _ = await wapi.call("GET", "/api/agents/no-engine")
+    assert status == 404
+
+
+async def test_the_claude_agent_sdk_engine_runs_in_a_sandbox(wapi: Api, fake_model: FakeModel) -> None:
+    status, body = await deploy_files(wapi, "sdk-agent", {"engine": "claude-agent-sdk"})
+    assert status == 201, body
+    fake_model.script("SRV-SDK", [
+        {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo in-sandbox > /workspace/sdk.txt"}}]},
+        {"content": [{"type": "text", "text": "sdk engine done"}]}])
+    sid = (await create(wapi, agent="sdk-agent"))["id"]
+    status, frames = await send(wapi, sid, "SRV-SDK go")
+    assert status == 200 and frames[-1].event == "done", frames
+    messages = [f.data for f in frames if f.event == "message"]
+    assert messages[-1]["type"] == "result" and messages[-1]["result"] == "sdk engine done"
+    status, body = await wapi.call("GET", f"/api/sessions/{sid}/files/sdk.txt")
+    assert status == 200 and "in-sandbox" in json.dumps(body)
+    # No key in the sandbox: the CLI sent a placeholder, the model proxy put the session's key in its place.
+    sent = fake_model.requests_containing("SRV-SDK go")
+    assert sent and {r["headers"].get("x-api-key") for r in sent} == {"sk-ant-test-server-key"}
+    assert "You are the engine tester." in json.dumps(sent[0]["body"]["system"])
