@@ -153,3 +153,38 @@ async def test_cold_resume_with_the_stored_history(engine: str, bridge: BridgeHa
     await collect(conn, "BOTH-HIST third")
     body = json.dumps(fake_model.requests_containing("BOTH-HIST third")[0]["body"]["messages"])
     assert body.index("first answer") < body.index("second question") < body.index("BOTH-HIST third")
+
+
+async def test_interrupt_then_go_on(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    fake_model.script("BOTH-INTR", [{"content": [tool("Bash", command="sleep 60")]}])
+    conn = await bridge.init({"engine": engine})
+    seen: list[dict[str, Any]] = []
+    async for frame in conn.query("BOTH-INTR go", query_id="q-both-intr"):
+        seen.append(frame)
+        if frame["type"] == "message" and frame["data"]["type"] == "assistant":
+            await conn.interrupt("q-both-intr")
+    assert [f["type"] for f in seen[-2:]] == ["error", "done"]
+    assert seen[-2]["error"] == "interrupted"
+    # The conversation stays usable, and the next turn is answered on its own.
+    again = await collect(conn, "BOTH-AFTER next")
+    res = result_of(again)
+    assert res["subtype"] == "success" and "BOTH-AFTER next" in res["result"]
+
+
+async def test_partial_messages_only_when_asked(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    conn = await bridge.init({"engine": engine})
+    plain = messages_of(await collect(conn, "BOTH-PART one"))
+    partial = messages_of(await collect(conn, "BOTH-PART two", include_partial_messages=True))
+    assert not [m for m in plain if m["type"] == "stream_event"]
+    deltas = [m["event"] for m in partial if m["type"] == "stream_event" and m["event"]["type"] == "content_block_delta"]
+    assert "".join(d["delta"].get("text", "") for d in deltas) == result_of(
+        [{"type": "message", "data": m} for m in partial])["result"]
+
+
+async def test_initial_agent_prompt_and_subagents(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    subagents = {"writer": {"description": "writes files", "prompt": "BOTH-WRITER-PROMPT: you write.",
+                            "tools": ["Write", "Read"]}}
+    conn = await bridge.init({"engine": engine, "subagents": subagents, "initialAgent": "writer"})
+    await collect(conn, "BOTH-AGENT hello")
+    body = fake_model.requests_containing("BOTH-AGENT hello")[0]["body"]
+    assert "BOTH-WRITER-PROMPT: you write." in json.dumps(body["system"])
