@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 MAX_BREAKPOINTS = 4
+UNCACHED_TAIL = 4
 
 
 def _flat_blocks(body: dict[str, Any]) -> list[tuple[Any, bool]]:
@@ -70,7 +71,9 @@ class PromptCache:
         with self._lock:
             read = max((tokens for key, tokens in marks if key in self._seen), default=0)
             self._seen.update(key for key, _ in marks)
+        # Like the API, a few tokens after the last mark (the prompt's closing) are never cached.
+        cacheable = max(0, input_tokens - UNCACHED_TAIL)
         longest = marks[-1][1]
-        read = min(read, input_tokens)
-        created = min(max(0, longest - read), input_tokens - read)
+        read = min(read, cacheable)
+        created = min(max(0, longest - read), cacheable - read)
         return input_tokens - read - created, created, read
