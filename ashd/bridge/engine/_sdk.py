@@ -43,6 +43,12 @@ class SdkEngineError(EngineError):
     """The CLI failed; the message is meant for a person."""
 
 
+def cli_permission_mode(mode: str) -> str:
+    """ashd's modes as the CLI's: `permissionsByAgent` (only settings.json `allow` runs, no approver)
+    is the CLI's `default` in print mode; no mode is the built-in engine's default, bypass."""
+    return {"permissionsByAgent": "default", "": "bypassPermissions"}.get(mode, mode)
+
+
 def _transcript_dir(home: str, cwd: Path) -> Path:
     # The CLI keeps a project's transcripts under its working directory with every other character a `-`.
     slug = "".join(c if c.isalnum() else "-" for c in str(cwd))
@@ -141,7 +147,8 @@ class SdkEngine:
     def _argv(self, cli: Path, model: str, resume: bool) -> list[str]:
         c = self.config
         argv = [str(cli), "-p", "--output-format", "stream-json", "--input-format", "stream-json", "--verbose",
-                "--include-partial-messages", "--model", model, "--permission-mode", c.permission_mode or "default",
+                "--include-partial-messages", "--model", model,
+                "--permission-mode", cli_permission_mode(c.permission_mode),
                 "--system-prompt", c.system_prompt or "", "--max-turns", str(c.max_turns)]
         argv += ["--resume", self.session_id] if resume else ["--session-id", self.session_id]
         if c.allowed_tools:
