@@ -84,7 +84,10 @@ def is_compaction(data: dict[str, Any]) -> bool:
     return data.get("type") == "system" and data.get("subtype") == "compact_boundary"
 
 
-def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def typed_events(data: dict[str, Any], tool_names: dict[str, str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The typed events a frame becomes. `tool_names` maps the ids of the turn's tool calls to their
+    names: a tool_result block carries only the id, and its event names the tool."""
+    names = {} if tool_names is None else tool_names
     kind = data.get("type")
     out: list[tuple[str, dict[str, Any]]] = []
     if kind == "assistant":
@@ -93,6 +96,8 @@ def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             if btype == "text":
                 out.append(("text", {"text": block.get("text", "")}))
             elif btype == "tool_use":
+                if isinstance(block.get("id"), str) and isinstance(block.get("name"), str):
+                    names[block["id"]] = block["name"]
                 out.append(("tool_start", {"toolName": block.get("name"), "toolId": block.get("id"),
                                            "input": block.get("input")}))
             elif btype in ("thinking", "redacted_thinking"):
@@ -101,7 +106,10 @@ def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         content = (data.get("message") or {}).get("content")
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result":
-                out.append(("tool_result", {"toolName": block.get("name") or data.get("tool_name"),
+                tool_id = block.get("tool_use_id")
+                name = block.get("name") or data.get("tool_name") or (
+                    names.get(tool_id) if isinstance(tool_id, str) else None)
+                out.append(("tool_result", {"toolName": name,
                                             "toolId": block.get("tool_use_id"), "content": block.get("content"),
                                             "isError": bool(block.get("is_error"))}))
     elif is_compaction(data):
@@ -137,6 +145,7 @@ class TurnRecorder:
         self.last_sequence = 0
         self.result: dict[str, Any] | None = None
         self.tool_calls = 0
+        self._tool_names: dict[str, str] = {}
 
     async def _seq(self) -> int:
         if self._next >= self._end:
@@ -152,7 +161,7 @@ class TurnRecorder:
         kind = data.get("type")
         if kind == "stream_event":
             return None
-        derived = typed_events(data)
+        derived = typed_events(data, self._tool_names)
         self._account(raw, kind, len(derived))
         if kind in ("assistant", "result") or is_compaction(data):
             # A compaction is kept with the messages: a cold resume rebuilds the model's view from them.

@@ -10,6 +10,7 @@ from ashd.http._auth import auth_middleware
 from ashd.http._errors import error_middleware
 from ashd.http._keys import SERVICES
 from ashd.http._storage_guard import storage_guard_middleware
+from ashd.http._strict import strict_query_middleware
 from ashd.services import Services
 
 # Route modules register themselves here; each exposes a `routes` RouteTableDef.
@@ -21,6 +22,9 @@ ROUTE_MODULES: list[str] = [
     "ashd.http._sessions",
     "ashd.http._session_stream",
     "ashd.http._session_files",
+    "ashd.http._session_exec",
+    "ashd.http._session_fork",
+    "ashd.http._session_workspace",
     "ashd.http._model_calls",
     "ashd.http._usage",
     "ashd.http._storage",
@@ -31,7 +35,7 @@ ROUTE_MODULES: list[str] = [
 
 def build_app(services: Services) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware, storage_guard_middleware],
+        middlewares=[error_middleware, auth_middleware, strict_query_middleware, storage_guard_middleware],
         client_max_size=services.settings.max_body_bytes,
     )
     app[SERVICES] = services

@@ -112,6 +112,12 @@ SCHEMAS: dict[str, Schema] = {
         "maxBudgetUsd": {"type": "number", "exclusiveMinimum": 0,
                          "description": "the most this message's model calls may cost, in USD; the model proxy "
                                         "refuses calls past it (the turn ends with an `error` frame)"},
+        # Options of the published client (ash-ai-sdk): accepted so that its requests pass the
+        # strict body check, and not used by ashd.
+        "maxTurns": {"type": "integer", "description": "sent by ash-ai-sdk; accepted, not used"},
+        "effort": {"type": "string", "description": "sent by ash-ai-sdk; accepted, not used"},
+        "thinking": {"type": "object", "description": "sent by ash-ai-sdk; accepted, not used"},
+        "outputFormat": {"type": "object", "description": "sent by ash-ai-sdk; accepted, not used"},
     }, ("content",)),
     "Message": obj({
         "id": UUID, "sessionId": UUID, "tenantId": STR,
@@ -140,7 +146,8 @@ SCHEMAS: dict[str, Schema] = {
         "id": UUID, "tenantId": STR, "sessionId": UUID, "agentName": STR,
         "eventType": {"type": "string", "description": "input_tokens, output_tokens, cache_creation_tokens, "
                       "cache_read_tokens, cost_usd (one set per model call, as the model proxy saw it), "
-                      "tool_calls, message, compute_seconds (per turn)"},
+                      "tool_calls, message, compute_seconds (per turn: the sandbox's CPU time in the turn, "
+                      "from its cgroup; wall time where the host has no CPU accounting)"},
         "value": NUM, "createdAt": TIME,
     }, ("id", "sessionId", "agentName", "eventType", "value", "createdAt")),
     "UsageStats": obj({k: NUM for k in (

@@ -10,12 +10,15 @@ from aiohttp import web
 
 from ashd.actors._aio import call
 from ashd.errors import BadRequest, NotFound
-from ashd.http._json import ok, tenant
+from ashd.http._json import body_object, ok, opt_str, tenant
 from ashd.http._keys import SERVICES
+from ashd.http._uploads import files_from_body
 from ashd.services import Services
 from ashd.storage import _files
 
 routes = web.RouteTableDef()
+
+MAX_UPLOAD_FILES = 1000
 
 
 async def _source(services: Services, ten: str, sid: str) -> tuple[str, Path | None, Any]:
@@ -61,7 +64,8 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     try:
         if fmt == "json":
             if root is not None:
-                text = await asyncio.to_thread(lambda: _files.read_for_json(_files.resolve_file(root, rel)))
+                # Checked on the open descriptor: the sandbox may swap a path component meanwhile.
+                text = await asyncio.to_thread(_files.DirectoryReader(root).read_for_json, rel)
             else:
                 text = await asyncio.to_thread(reader.read_for_json, rel)
             return ok({"path": rel, "content": text, "size": len(text.encode()), "source": source})
@@ -92,3 +96,22 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         fh.close()
         if reader is not None:
             reader.close()
+
+
+@routes.post("/api/sessions/{id}/files")
+async def upload_files(request: web.Request) -> web.Response:
+    """Write files into the live workspace of an active session (ash-ai-sdk's `{files: [{path, content,
+    mimeType?}], targetPath}`; contents read as agent uploads are: text, or base64 as its clients send)."""
+    services = request.app[SERVICES]
+    if services.sessions is None:
+        raise NotFound(f"Session {request.match_info['id']} not found")
+    body = await body_object(request)
+    raw = body.get("files")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("`files` must be a non-empty array of {path, content}")
+    if len(raw) > MAX_UPLOAD_FILES:
+        raise BadRequest(f"at most {MAX_UPLOAD_FILES} files per request; send the rest in another")
+    files = files_from_body(raw) or []
+    target = opt_str(body, "targetPath", max_len=4096) or "."
+    written = await services.sessions.write_files(tenant(request), request.match_info["id"], target, files)
+    return ok({"files": [{"path": path, "size": len(f.data)} for path, f in zip(written, files, strict=True)]})

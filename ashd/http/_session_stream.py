@@ -248,7 +248,7 @@ async def _record_usage(services: Services, ticket: TurnTicket, recorder: TurnRe
     values = {
         "tool_calls": float(recorder.tool_calls),
         "message": 1.0,
-        "compute_seconds": round(time.monotonic() - ticket.started, 3),
+        "compute_seconds": ticket.compute_seconds(),
     }
     window = services.settings.storage_retry_seconds if stored else 0.0
     try:

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from ashd.actors._session_deps import CreateRequest
-from ashd.errors import BadRequest, SandboxError
+from ashd.errors import BadRequest, SandboxError, ServiceError
 from ashd.http._json import (
     body_object,
     ok,
@@ -21,7 +21,7 @@ from ashd.http._json import (
 )
 from ashd.http._keys import SERVICES
 from ashd.services import Services
-from ashd.storage._sessions import session_json
+from ashd.storage._sessions import Sessions, session_json
 
 routes = web.RouteTableDef()
 PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")
@@ -120,8 +120,22 @@ async def create_session(request: web.Request) -> web.Response:
         encrypted = services.cipher.encrypt_json(extra_env, session_id.encode())
     req = CreateRequest(session_id=session_id, tenant=ten, agent_name=agent_name, agent=agent,
                         model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id)
-    session = await registry.create(req, encrypted_env=encrypted)
+    try:
+        session = await registry.create(req, encrypted_env=encrypted)
+    except SandboxError as exc:
+        raise await _with_session_id(registry.deps.sessions, ten, session_id, exc) from exc
     return ok({"session": session}, status=201, headers={"Location": f"/api/sessions/{session_id}"})
+
+
+async def _with_session_id(sessions: Sessions, ten: str, session_id: str, exc: SandboxError) -> SandboxError:
+    """A start that failed after the session was stored (its setup, say) names the session it left
+    in `error`, so the client can read its events, resume it once fixed, or delete it."""
+    try:
+        row = await sessions.get(ten, session_id)
+    except ServiceError:
+        return exc  # nothing was stored: the error is all there is
+    return SandboxError(f"{exc.message} (session {session_id} is left `{row.status}`: GET /api/sessions/"
+                        f"{session_id}/events has its output; resume or delete it)", headers=exc.headers)
 
 
 @routes.get("/api/sessions")
@@ -193,4 +207,4 @@ async def list_events(request: web.Request) -> web.Response:
     if type_ is not None and type_ not in EVENT_TYPES:
         raise BadRequest(f"query `type` must be one of {', '.join(EVENT_TYPES)}")
     events = await registry.deps.sessions.events(ten, sid, after, limit, type_)
-    return ok({"events": [e for e in events if e["type"] != "frame"]})
+    return ok({"events": events})

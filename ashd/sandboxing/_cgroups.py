@@ -18,6 +18,9 @@ import hashlib
 import logging
 import os
 import signal
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,9 @@ from ashd.sandboxing._types import SandboxLimits
 log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+# CPU time accounting (usage per turn): its own hierarchy, or co-mounted with cpu ("cpu,cpuacct").
+# Optional: a host without it still runs sandboxes, and usage falls back to wall time.
+V1_OPTIONAL = ("cpuacct",)
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 # On v2 a cgroup that delegates controllers may not hold processes, so the service moves itself here.
@@ -111,6 +117,20 @@ class SandboxCgroup:
         """How many forks (or thread creations) failed because the sandbox reached pids.max."""
         return _read_int_field(self._dir("pids") / "pids.events", "max")
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) used by every process the sandbox ever ran; None if not accounted."""
+        try:
+            if self.version == "v2":
+                stat = self.dirs["unified"] / "cpu.stat"
+                return _read_int_field(stat, "usage_usec") / 1e6 if stat.exists() else None
+            for controller in ("cpuacct", "cpu"):  # co-mounted: cpuacct.usage sits in the cpu dir
+                d = self.dirs.get(controller)
+                if d is not None and (d / "cpuacct.usage").exists():
+                    return int((d / "cpuacct.usage").read_text().strip()) / 1e9
+        except (OSError, ValueError):
+            pass
+        return None
+
     def memory_bytes(self) -> int:
         name = "memory.current" if self.version == "v2" else "memory.usage_in_bytes"
         try:
@@ -133,6 +153,36 @@ class SandboxCgroup:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+    def charged(self) -> int:
+        """Tasks the pids controller still counts: alive, exiting or zombie. cgroup.procs drops a
+        task as soon as it starts exiting, and rmdir then succeeds, while the task may still be
+        tearing down (a pid namespace's init waits there for its children) or sit, a zombie,
+        until its parent reaps it; this count reaches 0 only once every task has been reaped."""
+        try:
+            return int((self._dir("pids") / "pids.current").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def kill_and_remove(self, timeout: float, reap: Callable[[], object] = lambda: None) -> bool:
+        """SIGKILL what is left, wait until every task is reaped, then rmdir; True when all of it
+        happened within `timeout`. `reap` runs on each round, for a child only the caller reaps.
+        Past `timeout` the directories are still removed if the kernel lets us (it does once the
+        tasks left are all exiting), so cgroups do not pile up behind a host that never reaps."""
+        pause = threading.Event()
+        deadline = time.monotonic() + timeout
+        while True:
+            self.kill_all()
+            reap()
+            left = self.charged()
+            if left == 0 and self.remove():
+                return True
+            if time.monotonic() >= deadline:
+                removed = self.remove()
+                log.error("sandbox cgroup %s: %d tasks still not reaped after %.0f s; cgroup %s", self.dirs,
+                          left, timeout, "removed" if removed else "left for the next start's sweep")
+                return False
+            pause.wait(0.005)
 
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone. Needs the processes dead and reaped."""
@@ -182,7 +232,8 @@ class CgroupTree:
         """Our `<own>/ashd/<key>` per controller (a single "unified" entry on v2)."""
         if self.version == "v2":
             return {"unified": self._own_dir("") / "ashd" / self.key}
-        return {c: self._own_dir(c) / "ashd" / self.key for c in V1_CONTROLLERS}
+        present = [c for c in V1_OPTIONAL if (self.mount_root / c / "cgroup.procs").exists()]
+        return {c: self._own_dir(c) / "ashd" / self.key for c in (*V1_CONTROLLERS, *present)}
 
     # -- parent set-up ---------------------------------------------------------------------------
 
