@@ -124,6 +124,16 @@ def _snapshot_url(raw: str) -> str | None:
     return value
 
 
+def _engine(raw: str) -> str:
+    from ashd.engines import engine_problem
+
+    name = raw.strip()
+    problem = engine_problem(name)
+    if problem:
+        raise _Explained(problem)
+    return name
+
+
 class _Explained(ValueError):
     """A parse error whose message says why, shown after the accepted form."""
 
@@ -351,6 +361,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_MODEL_MAX_TOKENS", "model_max_tokens", "integer ≥ 1", 32000,
            "Largest `max_tokens` a model call from a sandbox may ask for; a call above it is refused (400).",
            _int_min(1)),
+    Option("SERVICE_ENGINE", "engine", "`builtin` or `claude-agent-sdk`", "builtin",
+           "Engine of agents whose `.agent/settings.json` names no `engine`: the built-in loop, or the Claude "
+           "Agent SDK's Claude Code CLI (needs the `sdk` extra). See docs/engines.md.", _engine),
+    Option("SERVICE_MODEL_CONTEXT_WINDOW", "model_context_window", "integer ≥ 1024 (tokens)", 200_000,
+           "Context window the built-in engine assumes for a model it does not know (it knows the Claude "
+           "models'); a conversation nearing the window is compacted (docs/engines.md).", _int_min(1024)),
     Option("SERVICE_MODEL_RATE_PER_MINUTE", "model_rate_per_minute", "number > 0", 120.0,
            "Model calls one session may make per minute, sustained; more are refused (429, Retry-After).",
            _float_pos),
@@ -436,6 +452,8 @@ class Settings:
     storage_retry_seconds: float = 30.0
     model_allow: str | None = None
     model_max_tokens: int = 32000
+    model_context_window: int = 200_000
+    engine: str = "builtin"
     model_rate_per_minute: float = 120.0
     model_rate_burst: int = 30
     model_session_budget_usd: float | None = None

@@ -17,3 +17,27 @@ def subagent_model(value: Any) -> str | None:
     if not isinstance(value, str) or not value or value == "inherit":
         return None
     return MODEL_ALIASES.get(value, value)
+
+# Context windows in tokens, by model-name prefix (the API's dated names start with these).
+DEFAULT_CONTEXT_WINDOW = 200_000
+CONTEXT_WINDOWS = {
+    "claude-opus-4": 200_000,
+    "claude-sonnet-4": 200_000,
+    "claude-haiku-4": 200_000,
+    "claude-3": 200_000,
+}
+# Sonnet 4 and 4.5 take a million tokens with this beta header.
+LONG_CONTEXT_BETA = "context-1m-2025-08-07"
+LONG_CONTEXT_WINDOW = 1_000_000
+_LONG_CONTEXT_MODELS = ("claude-sonnet-4",)
+
+
+def context_window(model: str, betas: list[str], unknown: int = DEFAULT_CONTEXT_WINDOW) -> int:
+    """The model's context window in tokens; `unknown` for a model this table does not know."""
+    name = MODEL_ALIASES.get(model, model)
+    if LONG_CONTEXT_BETA in betas and name.startswith(_LONG_CONTEXT_MODELS):
+        return LONG_CONTEXT_WINDOW
+    for prefix, window in CONTEXT_WINDOWS.items():
+        if name.startswith(prefix):
+            return window
+    return unknown

@@ -167,6 +167,8 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
         sandbox_owner=lambda _sid: _sandbox_owner(),
         warmer=warmer,
         seccomp_profile=settings.seccomp_profile,
+        context_window=settings.model_context_window,
+        engine=settings.engine,
     )
     registry = SessionRegistry(deps)
     registry_holder["r"] = registry

@@ -181,6 +181,8 @@ class SessionActor(AioActor):
                 "history": history,
                 "runSetup": not restored,
                 "setupTimeout": deps.setup_timeout,
+                "contextWindow": deps.context_window,
+                "engine": deps.engine,
             }
             self.conn = deps.run(self._connect_and_init(handle, init, binding),
                                  timeout=deps.ask_timeout + 2 * deps.setup_timeout)

@@ -34,6 +34,9 @@ class SessionDeps:
     warmer: Any = None  # Warmer: connections made while a sandbox waited in the pool
     # (tenant, agent name) -> seccomp profile; the operator's SERVICE_SANDBOX_PTRACE_AGENTS.
     seccomp_profile: Callable[[str, str], str] = lambda _tenant, _agent: "default"
+    # The engine's window for unknown models (SERVICE_MODEL_CONTEXT_WINDOW), passed at init.
+    context_window: int = 200_000
+    engine: str = "builtin"  # SERVICE_ENGINE: agents whose settings.json names none
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the event loop from an actor thread and wait for its result."""

@@ -79,6 +79,11 @@ async def retrying(op: Callable[[], Awaitable[T]], seconds: float, what: str, se
         pause = min(pause * 2, _RETRY_MAX)
 
 
+def is_compaction(data: dict[str, Any]) -> bool:
+    """The engine's record of a compacted conversation (the Agent SDK's `compact_boundary`)."""
+    return data.get("type") == "system" and data.get("subtype") == "compact_boundary"
+
+
 def typed_events(data: dict[str, Any], tool_names: dict[str, str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The typed events a frame becomes. `tool_names` maps the ids of the turn's tool calls to their
     names: a tool_result block carries only the id, and its event names the tool."""
@@ -107,6 +112,15 @@ def typed_events(data: dict[str, Any], tool_names: dict[str, str] | None = None)
                 out.append(("tool_result", {"toolName": name,
                                             "toolId": block.get("tool_use_id"), "content": block.get("content"),
                                             "isError": bool(block.get("is_error"))}))
+    elif is_compaction(data):
+        compaction = data.get("compaction") or {}
+        out.append(("compaction", {"trigger": (data.get("compact_metadata") or {}).get("trigger"),
+                                   "preTokens": (data.get("compact_metadata") or {}).get("pre_tokens"),
+                                   "postTokens": compaction.get("postTokens"),
+                                   "summarisedMessages": compaction.get("summarisedMessages"),
+                                   "keptMessages": compaction.get("keptMessages"),
+                                   "keptToolUseIds": compaction.get("keptToolUseIds"),
+                                   "summary": compaction.get("summary")}))
     elif kind == "result":
         out.append(("turn_complete", {"numTurns": data.get("num_turns"), "result": data.get("result"),
                                       "usage": data.get("usage"), "isError": bool(data.get("is_error"))}))
@@ -149,7 +163,8 @@ class TurnRecorder:
             return None
         derived = typed_events(data, self._tool_names)
         self._account(raw, kind, len(derived))
-        if kind in ("assistant", "result"):
+        if kind in ("assistant", "result") or is_compaction(data):
+            # A compaction is kept with the messages: a cold resume rebuilds the model's view from them.
             self._messages.append(("assistant", raw))
         elif kind == "user":
             self._messages.append(("user", raw))

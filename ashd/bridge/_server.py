@@ -14,7 +14,7 @@ from ashd import __version__
 from ashd.bridge import protocol as p
 from ashd.bridge._exec import run_exec
 from ashd.bridge._setup import SetupFailed, run_setup
-from ashd.bridge.engine import Engine, EngineConfig, EngineError
+from ashd.bridge.engine import AnyEngine, EngineConfig, EngineError, make_engine
 
 log = logging.getLogger(__name__)
 # How long a tool call waits for the server's limits_report before going on without one.
@@ -26,7 +26,7 @@ class BridgeServer:
         self.socket_path = socket_path
         self.model_socket = model_socket
         self.workspace = Path(workspace)
-        self.engine: Engine | None = None
+        self.engine: AnyEngine | None = None
         self.conn: Connection | None = None
         self._stop = asyncio.Event()
 
@@ -215,7 +215,7 @@ class Connection:
             cfg = EngineConfig.from_init(config, server.workspace, server.model_socket)
             if config.get("runSetup"):
                 await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.log_event)
-            engine = Engine(cfg, server.log_event)
+            engine = make_engine(cfg, server.log_event)
             await engine.start()
         except SetupFailed as exc:
             await self.send_quiet(p.make(p.ERROR, id=fid, error=str(exc)))

@@ -36,6 +36,24 @@ def _clean_assistant(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [b for b in blocks if not (b.get("type") == "thinking" and not b.get("signature"))]
 
 
+def summary_message(text: str) -> dict[str, Any]:
+    """The user turn that stands for a compacted part of the conversation (engine/_compact.py)."""
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def apply_compaction(out: list[dict[str, Any]], compaction: dict[str, Any]) -> None:
+    """Apply a stored compaction to the conversation rebuilt up to it: the same summary, then the
+    same last `keptMessages`. A record that does not fit what was rebuilt is ignored, which shows
+    the model more, never less."""
+    kept = compaction.get("keptMessages")
+    text = compaction.get("summary")
+    if not isinstance(kept, int) or not isinstance(text, str) or not 0 < kept <= len(out):
+        return
+    if out[-kept].get("role") != "assistant":
+        return
+    out[:] = [summary_message(text), *out[-kept:]]
+
+
 def _failed(result: dict[str, Any]) -> bool:
     # A turn stopped by its turn limit did answer; any other error result means it did not finish.
     return bool(result.get("is_error")) and result.get("subtype") != "error_max_turns"
@@ -47,7 +65,9 @@ def history_from_stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     User rows `{"type":"user","content": str | blocks}` (prompts) and SDK `user` tool-result
     messages become user turns; SDK `assistant` messages become assistant turns (parts of one API
     message, i.e. the same `message.id`, are merged); `result`, `stream_event` and subagent
-    messages (with a `parent_tool_use_id`) are skipped. A prompt whose turn has no successful
+    messages (with a `parent_tool_use_id`) are skipped. A `compact_boundary` system message (the
+    engine compacted the conversation) replaces what came before it with its summary, keeping its
+    last `keptMessages` as they are, as the engine did. A prompt whose turn has no successful
     `result` (the last one included) is closed with `close_unanswered_turn`, so a later prompt is
     never merged into it.
     """
@@ -83,6 +103,10 @@ def history_from_stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out[-1]["content"].extend(blocks)
             else:
                 out.append({"role": "assistant", "content": blocks})
+        elif kind == "system" and row.get("subtype") == "compact_boundary":
+            compaction = row.get("compaction")
+            if isinstance(compaction, dict):
+                apply_compaction(out, compaction)
         elif kind == "result" and open_turn:
             if _failed(row):
                 result = row.get("result")

@@ -3,7 +3,8 @@
 A script is selected by a token contained in the conversation's latest user TEXT message (the
 longest matching token wins); the turn index is the number of assistant messages after that user
 message. Tool-result-only user messages do not count as "text", so a tool loop stays on its
-script. Error entries (`errors`) are served once each, in order, before the turn's reply, so
+script; a `sequential` script serves its turns in order instead, one per request it answers.
+Error entries (`errors`) are served once each, in order, before the turn's reply, so
 "529 then success" is deterministic; `error` fails every attempt.
 """
 
@@ -35,6 +36,10 @@ class Script:
     match: str
     turns: list[dict[str, Any]]
     attempts: dict[int, int] = field(default_factory=dict)
+    # Sequential: the Nth request the script answers gets turn N, whatever the conversation looks
+    # like (an engine that compacts the conversation changes how many assistant turns it shows).
+    sequential: bool = False
+    served: int = 0
 
 
 class ScriptBook:
@@ -44,13 +49,13 @@ class ScriptBook:
         self._scripts: dict[str, Script] = {}
         self._lock = threading.Lock()
 
-    def register(self, match: str, turns: list[dict[str, Any]]) -> None:
+    def register(self, match: str, turns: list[dict[str, Any]], sequential: bool = False) -> None:
         if not match:
             raise ValueError("a script needs a non-empty 'match' token")
         if not isinstance(turns, list):
             raise ValueError("'turns' must be a list")
         with self._lock:
-            self._scripts[match] = Script(match, [dict(t) for t in turns])
+            self._scripts[match] = Script(match, [dict(t) for t in turns], sequential=sequential)
 
     def clear(self) -> None:
         with self._lock:
@@ -70,14 +75,18 @@ class ScriptBook:
             if not hits:
                 return {"content": [{"type": "text", "text": f"echo: {text}"}]}
             script = max(hits, key=lambda s: len(s.match))
+            if script.sequential:
+                turn_index = script.served
             if turn_index >= len(script.turns):
                 return {"content": [{"type": "text", "text": f"(script {script.match} has no turn {turn_index})"}]}
             turn = script.turns[turn_index]
             attempt = script.attempts.get(turn_index, 0)
             script.attempts[turn_index] = attempt + 1
-        errors = turn.get("errors") or []
-        if attempt < len(errors):
-            return {"error": errors[attempt]}
+            errors = turn.get("errors") or []
+            if attempt < len(errors):
+                return {"error": errors[attempt]}
+            if script.sequential:
+                script.served += 1
         return turn
 
 

@@ -7,6 +7,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+# A request's input tokens as (uncached, cache_creation, cache_read).
+Tokens = tuple[int, int, int]
+
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -39,13 +42,16 @@ def _blocks(turn: dict[str, Any]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _usage(turn: dict[str, Any], input_tokens: int, blocks: list[dict[str, Any]]) -> dict[str, int]:
+def _usage(turn: dict[str, Any], tokens: int | Tokens, blocks: list[dict[str, Any]]) -> dict[str, int]:
     produced = sum(len(json.dumps(b)) for b in blocks)
+    # A turn that scripts its usage scripts all of it: the simulated cache stays out of the way.
+    split = (tokens, 0, 0) if isinstance(tokens, int) else tokens
+    uncached, created, read = split if not turn.get("usage") else (sum(split), 0, 0)
     usage = {
-        "input_tokens": input_tokens,
+        "input_tokens": uncached,
         "output_tokens": max(1, produced // 4),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": created,
+        "cache_read_input_tokens": read,
     }
     usage.update({k: int(v) for k, v in (turn.get("usage") or {}).items()})
     return usage
@@ -57,7 +63,7 @@ def _stop_reason(turn: dict[str, Any], blocks: list[dict[str, Any]]) -> str:
     return "tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn"
 
 
-def full_message(turn: dict[str, Any], model: str, input_tokens: int) -> dict[str, Any]:
+def full_message(turn: dict[str, Any], model: str, tokens: int | Tokens) -> dict[str, Any]:
     blocks = _blocks(turn)
     return {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
@@ -67,7 +73,7 @@ def full_message(turn: dict[str, Any], model: str, input_tokens: int) -> dict[st
         "content": blocks,
         "stop_reason": _stop_reason(turn, blocks),
         "stop_sequence": None,
-        "usage": _usage(turn, input_tokens, blocks),
+        "usage": _usage(turn, tokens, blocks),
     }
 
 
@@ -75,9 +81,9 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
-def sse_events(turn: dict[str, Any], model: str, input_tokens: int) -> Iterator[tuple[str, dict[str, Any]]]:
+def sse_events(turn: dict[str, Any], model: str, tokens: int | Tokens) -> Iterator[tuple[str, dict[str, Any]]]:
     """(event name, data) pairs exactly as the real API streams them."""
-    msg = full_message(turn, model, input_tokens)
+    msg = full_message(turn, model, tokens)
     chunk = max(1, int(turn.get("chunk") or 8))
     usage = msg["usage"]
     start = dict(msg, content=[], stop_reason=None, usage=dict(usage, output_tokens=1))

@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ashd.devtools._fake_cache import MAX_BREAKPOINTS, PromptCache, count_breakpoints
 from ashd.devtools._fake_script import ScriptBook, estimate_input_tokens
 from ashd.devtools._fake_stream import error_body, full_message, sse_events
 
@@ -34,15 +35,16 @@ DEFAULT_MODEL = "claude-fake-model"
 class FakeModel:
     def __init__(self) -> None:
         self.scripts = ScriptBook()
+        self.cache = PromptCache()
         self._requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     # -- in-process API ----------------------------------------------------------------------
-    def script(self, match: str, turns: list[dict[str, Any]]) -> None:
-        """Register (or replace) the script selected by `match`."""
-        self.scripts.register(match, turns)
+    def script(self, match: str, turns: list[dict[str, Any]], *, sequential: bool = False) -> None:
+        """Register (or replace) the script selected by `match` (`sequential`: see _fake_script)."""
+        self.scripts.register(match, turns, sequential)
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -55,6 +57,7 @@ class FakeModel:
 
     def reset(self) -> None:
         self.scripts.clear()
+        self.cache.clear()
         with self._lock:
             self._requests.clear()
 
@@ -95,6 +98,10 @@ class FakeModel:
         self._record(request, body)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return web.json_response(error_body(400, "messages: field required"), status=400)
+        if count_breakpoints(body) > MAX_BREAKPOINTS:
+            message = (f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+                       f"Found {count_breakpoints(body)}.")
+            return web.json_response(error_body(400, message), status=400)
         turn = self.scripts.pick(body)
         err = turn.get("error")
         if isinstance(err, dict):
@@ -105,7 +112,7 @@ class FakeModel:
             message = str(err.get("message") or f"fake error {status}")
             return web.json_response(error_body(status, message, err.get("type")), status=status, headers=headers)
         model = str(body.get("model") or DEFAULT_MODEL)
-        tokens = estimate_input_tokens(body)
+        tokens = self.cache.account(body, estimate_input_tokens(body))
         if not body.get("stream"):
             return web.json_response(full_message(turn, model, tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -131,7 +138,7 @@ class FakeModel:
     async def _post_script(self, request: web.Request) -> web.Response:
         try:
             data = await request.json()
-            self.scripts.register(str(data.get("match") or ""), data.get("turns"))
+            self.scripts.register(str(data.get("match") or ""), data.get("turns"), bool(data.get("sequential")))
         except (ValueError, AttributeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         return web.json_response({"ok": True}, status=201)

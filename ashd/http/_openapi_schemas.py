@@ -39,7 +39,7 @@ DISK_MB: Schema = {"type": "integer", "minimum": 32,
                                   "SERVICE_SANDBOX_DISK_MAX_MB; default: the agent's, else SERVICE_SANDBOX_DISK_MB"}
 SESSION_STATUS = ["starting", "active", "paused", "stopped", "ended", "error"]
 CREDENTIAL_TYPES = ["anthropic", "openai", "bedrock", "custom"]
-EVENT_TYPES = ["text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "lifecycle"]
+EVENT_TYPES = ["text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "compaction", "lifecycle"]
 
 SCHEMAS: dict[str, Schema] = {
     "ApiError": obj({"error": STR, "statusCode": INT}, ("error", "statusCode")),

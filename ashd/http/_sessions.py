@@ -25,7 +25,7 @@ from ashd.storage._sessions import Sessions, session_json
 
 routes = web.RouteTableDef()
 PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")
-EVENT_TYPES = ("text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "lifecycle")
+EVENT_TYPES = ("text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "compaction", "lifecycle")
 
 
 def _registry(services: Services) -> Any:

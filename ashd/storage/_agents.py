@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
+from ashd.engines import SETTINGS_FILE, engine_problem, settings_engine
 from ashd.errors import BadRequest, NotFound, PayloadTooLarge
 from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
@@ -266,11 +267,13 @@ class Agents:
             raise BadRequest("give either `path` or `files`/`systemPrompt`, not both")
         if path is not None:
             folder = await asyncio.to_thread(self.paths.check, path, tenant)
+            _check_engine(await asyncio.to_thread(_read_settings, folder))
             return await self._upsert(tenant, name, folder, None, model, env, network, disk_mb)
         if not files and system_prompt is None:
             raise BadRequest("`path` is required (or upload the agent with `files` and/or `systemPrompt`)")
         prompt_bytes = len(system_prompt.encode()) if system_prompt is not None else 0
         checked = check_files(files or [], self._max_upload - prompt_bytes)
+        _check_engine(next((f.data for f in checked if f.path == SETTINGS_FILE), None))
         if system_prompt is not None:
             if any(f.path == SYSTEM_PROMPT_FILE for f in checked):
                 raise BadRequest(f"give the system prompt either as `systemPrompt` or as a `files` entry "
@@ -423,3 +426,21 @@ def _tree_bytes(root: Path) -> int:
 async def resolve_agent(services: Services, tenant: str, name: str) -> AgentView:
     """The agent `name` of `tenant` for starting a session; NotFound when absent (or another tenant's)."""
     return await Agents.of(services).resolve(tenant, name)
+
+
+def _read_settings(folder: Path) -> bytes | None:
+    try:
+        return (folder / SETTINGS_FILE).read_bytes()
+    except OSError:
+        return None
+
+
+def _check_engine(settings: bytes | None) -> None:
+    """An agent whose settings.json names an engine this server cannot run is refused at deploy,
+    not at its first turn."""
+    name = settings_engine(settings)
+    if name is None:
+        return
+    problem = engine_problem(name)
+    if problem:
+        raise BadRequest(f"{SETTINGS_FILE} `engine`: {problem}")

@@ -218,7 +218,8 @@ async def test_a_paused_reader_pauses_the_engine(bridge: BridgeHarness, fake_mod
     glob = {"type": "tool_use", "name": "Glob", "input": {"pattern": "none"}}
     script = [{"content": [{"type": "text", "text": big}, glob], "chunk": 10_000}]
     fake_model.script("BP-1", script * turns + [{"content": [{"type": "text", "text": "end"}]}])
-    conn = await bridge.init({})
+    # 1.2 MB of text passes a 200k-token window: a window large enough keeps compaction out of it.
+    conn = await bridge.init({"model": "claude-fake-model", "contextWindow": 2_000_000})
     frames = conn.query("BP-1 go")
     first = await frames.__anext__()
     assert first["type"] == "message"

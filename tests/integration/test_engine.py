@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ashd.bridge.engine._compact import CURRENT_REQUEST, SUMMARY_HEADER, SUMMARY_INSTRUCTION
 from ashd.bridge.history import history_from_stored
 from ashd.devtools.fake_model import FakeModel
 from ashd.sandboxing._bridge_client import BridgeConnection
@@ -41,6 +42,23 @@ def result_of(frames: list[dict[str, Any]]) -> dict[str, Any]:
     results = [m for m in messages_of(frames) if m["type"] == "result"]
     assert len(results) == 1
     return results[0]
+
+
+def system_text(body: dict[str, Any]) -> str:
+    """The system prompt of a request (sent as blocks, to carry a cache breakpoint)."""
+    system = body["system"]
+    return system if isinstance(system, str) else "".join(b["text"] for b in system)
+
+
+def marked(body: dict[str, Any]) -> list[str]:
+    """Where a request's cache breakpoints are: `tool:<name>`, `system`, `message:<index>`."""
+    out = [f"tool:{t['name']}" for t in body.get("tools") or [] if "cache_control" in t]
+    system = body.get("system")
+    out += ["system" for b in (system if isinstance(system, list) else []) if "cache_control" in b]
+    for i, msg in enumerate(body["messages"]):
+        content = msg["content"]
+        out += [f"message:{i}" for b in (content if isinstance(content, list) else []) if "cache_control" in b]
+    return out
 
 
 def block_text(block: dict[str, Any]) -> str:
@@ -181,7 +199,7 @@ async def test_subagent_runs_via_task(bridge: BridgeHarness, fake_model: FakeMod
     assert outer["tool_use_id"] == task_id
     assert block_text(outer) == "sub answer"
     sub_request = fake_model.requests_containing("SUB-1 find it")[1]["body"]
-    assert sub_request["system"] == "You research."
+    assert system_text(sub_request) == "You research."
     assert [t["name"] for t in sub_request["tools"]] == ["Read"]
     assert result_of(frames)["num_turns"] == 4
 
@@ -192,7 +210,7 @@ async def test_initial_agent_sets_main_prompt(bridge: BridgeHarness, fake_model:
     conn = await bridge.init({"subagents": subagents, "initialAgent": "writer"})
     await collect(conn, "INIT-AGENT-1")
     body = fake_model.requests_containing("INIT-AGENT-1")[0]["body"]
-    assert body["system"] == "You write."
+    assert system_text(body) == "You write."
     assert [t["name"] for t in body["tools"]] == ["Write"]
     assert body["model"] == "claude-haiku-4-5"
 
@@ -205,7 +223,7 @@ async def test_system_prompt_model_precedence_and_key(bridge: BridgeHarness, fak
     await collect(conn, "PREC-1")
     await collect(conn, "PREC-2", model="claude-from-query")
     first = fake_model.requests_containing("PREC-1")[0]
-    assert first["body"]["system"] == "You are the test agent."
+    assert system_text(first["body"]) == "You are the test agent."
     assert first["body"]["model"] == "claude-from-settings"
     assert first["headers"]["x-api-key"] == TEST_API_KEY
     assert first["headers"]["anthropic-beta"] == "beta-one,beta-two"
@@ -376,3 +394,134 @@ async def test_mcp_remote_streamable_http_server(bridge: BridgeHarness, fake_mod
     finally:
         server.terminate()
         await server.wait()
+
+
+async def test_prompt_caching_breakpoints_and_cache_usage(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    (bridge.workspace / "AGENT.md").write_text("You are the caching agent.")
+    fake_model.script(
+        "CACHE-1",
+        [
+            {"content": [tool("Bash", command="echo one"), tool("Bash", command="echo two")]},
+            {"content": [text("cached")]},
+        ],
+    )
+    conn = await bridge.init({})
+    first = result_of(await collect(conn, "CACHE-1 go"))
+    second = result_of(await collect(conn, "CACHE-2 again"))
+    bodies = [r["body"] for r in fake_model.requests_containing("CACHE-1")]
+    assert len(bodies) == 3
+    last_tool = bodies[0]["tools"][-1]["name"]
+    # At most four: the tools, the system prompt, the end of the conversation and the user turn
+    # before it (the prefix the previous call wrote).
+    assert marked(bodies[0]) == [f"tool:{last_tool}", "system", "message:0"]
+    assert marked(bodies[1]) == [f"tool:{last_tool}", "system", "message:0", "message:2"]
+    assert marked(bodies[2]) == [f"tool:{last_tool}", "system", "message:2", "message:4"]
+    # Only the request carries the marks: the conversation the engine keeps (and emits) has none.
+    assert "cache_control" not in json.dumps(bodies[2]["messages"][1])
+    assert bodies[2]["messages"][2]["content"][-1]["type"] == "tool_result"
+    # The fake caches like the API: later calls read what earlier ones wrote, and the result says so.
+    assert first["usage"]["cache_creation_input_tokens"] > 0
+    assert first["usage"]["cache_read_input_tokens"] > 0
+    # The next query reads the longer prefix the previous call wrote (through its tool results).
+    assert second["usage"]["cache_read_input_tokens"] > first["usage"]["cache_read_input_tokens"]
+
+
+def summary_script(fake_model: FakeModel, summary: str) -> None:
+    """The compaction's summary call, answered by its instruction (the longest match wins)."""
+    fake_model.script(SUMMARY_INSTRUCTION[:60], [{"content": [text(summary)]}])
+
+
+def compactions(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in messages_of(frames) if m["type"] == "system" and m.get("subtype") == "compact_boundary"]
+
+
+def first_text(message: dict[str, Any]) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else content[0]["text"]
+
+
+# An unknown model: the window is the init's contextWindow (the server's SERVICE_MODEL_CONTEXT_WINDOW).
+SMALL_WINDOW = {"model": "claude-fake-model", "contextWindow": 8000, "maxTokens": 1000}
+
+
+def print_chars(char: str, count: int = 9000) -> dict[str, Any]:
+    return tool("Bash", command=f"python3 -c \"print('{char}' * {count})\"")
+
+
+async def test_a_conversation_past_the_window_is_compacted_and_goes_on(
+    bridge: BridgeHarness, fake_model: FakeModel
+) -> None:
+    summary_script(fake_model, "SUMMARY-OF-OVF: printed a and b")
+    fake_model.script(
+        "OVF-1",
+        [
+            {"content": [print_chars("a")]},
+            {"content": [print_chars("b")]},
+            {"content": [print_chars("c")]},
+            {"content": [text("overflow done")]},
+        ],
+        sequential=True,
+    )
+    conn = await bridge.init(SMALL_WINDOW)
+    frames = await collect(conn, "OVF-1 print three blocks")
+    res = result_of(frames)
+    assert res["subtype"] == "success" and res["result"] == "overflow done"
+    [boundary] = compactions(frames)
+    assert boundary["compact_metadata"]["trigger"] == "auto"
+    assert boundary["compact_metadata"]["pre_tokens"] > 0.85 * 8000 - 1000
+    kept = boundary["compaction"]
+    # The last model turn and its tool result are kept verbatim (the open tool call); the rest is summarised.
+    third_use = [m for m in messages_of(frames) if m["type"] == "assistant"][2]["message"]["content"][0]
+    assert (kept["summarisedMessages"], kept["keptMessages"], kept["keptToolUseIds"]) == (5, 2, [third_use["id"]])
+    requests = [r["body"] for r in fake_model.requests if "OVF-1" in json.dumps(r["body"])]
+    summarising = [b for b in requests if SUMMARY_INSTRUCTION in json.dumps(b)]
+    assert len(summarising) == 1 and summarising[0]["tool_choice"] == {"type": "none"}
+    assert len(summarising[0]["messages"]) == 5
+    after = requests[-1]["messages"]
+    assert len(after) == 3  # the summary, then the kept model turn and its tool result
+    assert first_text(after[0]).startswith(SUMMARY_HEADER.format(count=5))
+    assert "SUMMARY-OF-OVF" in first_text(after[0])
+    assert f"{CURRENT_REQUEST}\nOVF-1 print three blocks" in first_text(after[0])
+    assert after[1]["content"][0]["id"] == third_use["id"]
+    assert "c" * 9000 in json.dumps(after[2])
+    # Nothing the service stores is lost: every turn and tool result was emitted as it happened.
+    assert len([m for m in messages_of(frames) if m["type"] == "assistant"]) == 4
+    assert len(tool_results(frames)) == 3
+    # The summary call is paid for like any other.
+    assert res["usage"]["output_tokens"] >= sum(
+        m["message"]["usage"]["output_tokens"] for m in messages_of(frames) if m["type"] == "assistant"
+    )
+
+    # A cold resume rebuilds the compacted view from the stored messages (the compaction included).
+    stored = [{"type": "user", "content": "OVF-1 print three blocks"}, *messages_of(frames)]
+    history = history_from_stored(stored)
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+    assert first_text(history[0]) == kept["summary"]
+    conn2 = await bridge.init({**SMALL_WINDOW, "history": history})
+    await collect(conn2, "OVF-2 and now")
+    resumed = fake_model.requests_containing("OVF-2 and now")[0]["body"]["messages"]
+    assert first_text(resumed[0]) == kept["summary"]
+    assert len(resumed) == 5
+
+
+async def test_prompt_too_long_compacts_and_recovers(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    summary_script(fake_model, "SUMMARY-PTL: said hello")
+    too_long = {"status": 400, "type": "invalid_request_error", "message": "prompt is too long: 212000 tokens > 200000 maximum"}
+    fake_model.script("PTL-1", [{"errors": [too_long], "content": [text("recovered")]}])
+    fake_model.script("PTL-X", [{"error": too_long}])
+    conn = await bridge.init({})
+    await collect(conn, "PTL-0 hello")
+    frames = await collect(conn, "PTL-1 go on")
+    res = result_of(frames)
+    assert res["subtype"] == "success" and res["result"] == "recovered"
+    [boundary] = compactions(frames)
+    assert boundary["compact_metadata"]["trigger"] == "prompt_too_long"
+    retried = fake_model.requests_containing("PTL-1 go on")[-1]["body"]["messages"]
+    assert "SUMMARY-PTL" in first_text(retried[0])
+    assert retried[-1]["content"][0]["text"] == "PTL-1 go on"
+
+    # With nothing left to compact, the turn fails with words a person can act on.
+    fresh = await bridge.init({})
+    failed = result_of(await collect(fresh, "PTL-X alone"))
+    assert failed["is_error"] is True
+    assert "does not fit the model's context window" in failed["result"]

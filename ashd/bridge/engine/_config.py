@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ashd.model_names import DEFAULT_MODEL
+from ashd.engines import BUILTIN
+from ashd.model_names import DEFAULT_CONTEXT_WINDOW, DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,10 @@ class EngineConfig:
     history: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     session_id: str | None = None
+    # The window assumed for models ashd.model_names does not know (SERVICE_MODEL_CONTEXT_WINDOW).
+    context_window: int = DEFAULT_CONTEXT_WINDOW
+    # `.agent/settings.json` `engine`, else the init's (the server's SERVICE_ENGINE), else builtin.
+    engine: str = BUILTIN
 
     @classmethod
     def from_init(cls, config: dict[str, Any], workspace: Path, model_socket: str | None) -> EngineConfig:
@@ -65,6 +70,8 @@ class EngineConfig:
             history=list(config.get("history") or []),
             settings=settings,
             session_id=config.get("sessionId") or None,
+            context_window=int(config.get("contextWindow") or DEFAULT_CONTEXT_WINDOW),
+            engine=str(settings.get("engine") or config.get("engine") or BUILTIN),
         )
 
     def default_model(self) -> str:

@@ -15,15 +15,27 @@ from typing import Any
 import anthropic
 
 from ashd.bridge.engine import _messages as m
+from ashd.bridge.engine._cache import cached_messages, cached_system, cached_tools
+from ashd.bridge.engine._compact import (
+    KEEP_SHARE,
+    SUMMARY_MAX_TOKENS,
+    Measure,
+    estimate_tokens,
+    needs_compaction,
+    summary_request,
+    summary_text,
+    tool_use_ids,
+)
+from ashd.bridge.engine._compact import plan as plan_compaction
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._mcp import LogFn, McpManager
-from ashd.bridge.engine._model import ModelError, call_model, make_client
+from ashd.bridge.engine._model import CallResult, ModelError, PromptTooLong, call_model, make_client
 from ashd.bridge.engine._permissions import Permissions
 from ashd.bridge.engine._skills import expand_skill
 from ashd.bridge.engine.tools import Tool, ToolContext, ToolResult, builtin_tools
 from ashd.bridge.engine.tools._task import TaskTool
-from ashd.bridge.history import close_unanswered_turn
-from ashd.model_names import subagent_model
+from ashd.bridge.history import close_unanswered_turn, summary_message
+from ashd.model_names import context_window, subagent_model
 from ashd.pricing import estimate_cost
 
 log = logging.getLogger(__name__)
@@ -77,6 +89,8 @@ class Engine:
         self.mcp = McpManager(config.workspace, config.tool_env(), log_fn)
         self._client: anthropic.AsyncAnthropic | None = None
         self._query: _Query | None = None
+        # The main conversation's last measured size (compaction); subagents measure their own.
+        self._measure = Measure()
 
     async def start(self) -> None:
         await self.mcp.start()
@@ -136,7 +150,7 @@ class Engine:
         # A turn that does not finish is closed in the conversation (history.close_unanswered_turn),
         # so the next prompt is never merged into its unanswered one and asked again.
         try:
-            subtype, text = await self._loop(self.messages, profile, None, self.config.max_turns)
+            subtype, text = await self._loop(self.messages, profile, None, self.config.max_turns, self._measure)
         except ModelError as exc:
             close_unanswered_turn(self.messages, f"the model call failed: {str(exc)[:300]}")
             await emit(self._result(stats, started, "error_during_execution", str(exc)))
@@ -171,7 +185,12 @@ class Engine:
         }
 
     async def _loop(
-        self, messages: list[dict[str, Any]], profile: Profile, parent: str | None, max_turns: int
+        self,
+        messages: list[dict[str, Any]],
+        profile: Profile,
+        parent: str | None,
+        max_turns: int,
+        measure: Measure,
     ) -> tuple[str, str]:
         q = self._query
         assert q is not None
@@ -179,32 +198,28 @@ class Engine:
         while True:
             if turns >= max_turns:
                 return "error_max_turns", f"stopped after reaching the maximum of {max_turns} turns"
-            params: dict[str, Any] = {
-                "model": profile.model,
-                "max_tokens": self.config.max_tokens,
-                "messages": messages,
-            }
-            if profile.system:
-                params["system"] = profile.system
-            if profile.tools:
-                params["tools"] = [
-                    {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-                    for t in profile.tools.values()
-                ]
+            compacted = await self._compact_if_full(messages, profile, parent, measure)
 
             async def on_event(event: dict[str, Any]) -> None:
                 await q.emit(m.stream_event(event, self.session_id, parent))
 
-            call = await call_model(
-                self.client, params, betas=self.config.betas, on_event=on_event if q.include_partial else None
-            )
+            try:
+                call = await call_model(
+                    self.client,
+                    self._request(profile, messages),
+                    betas=self.config.betas,
+                    on_event=on_event if q.include_partial else None,
+                )
+            except PromptTooLong:
+                # The API counts better than our estimate: compact and ask again, once per call.
+                if compacted or not await self._compact(messages, profile, parent, measure, "prompt_too_long"):
+                    raise
+                continue
             turns += 1
             q.stats.num_turns += 1
-            q.stats.api_ms += call.api_ms
-            msg = call.message
-            m.add_usage(q.stats.usage, msg.get("usage"))
-            q.stats.cost_usd += estimate_cost(str(msg.get("model") or profile.model), msg.get("usage") or {})
+            msg = self._account(call)
             messages.append({"role": "assistant", "content": msg.get("content") or []})
+            measure.record(messages, msg.get("usage"))
             await q.emit(m.assistant(msg, self.session_id, parent))
             uses = [b for b in msg.get("content") or [] if b.get("type") == "tool_use"]
             if msg.get("stop_reason") != "tool_use" or not uses:
@@ -212,6 +227,85 @@ class Engine:
             results = [await self._run_tool(b, profile.tools) for b in uses]
             messages.append({"role": "user", "content": results})
             await q.emit(m.user_tool_results(results, self.session_id, parent))
+
+    def _account(self, call: CallResult) -> dict[str, Any]:
+        """Add a model call's time, usage and cost to the query's; returns its message."""
+        q = self._query
+        assert q is not None
+        q.stats.api_ms += call.api_ms
+        msg = call.message
+        m.add_usage(q.stats.usage, msg.get("usage"))
+        q.stats.cost_usd += estimate_cost(str(msg.get("model") or q.model), msg.get("usage") or {})
+        return msg
+
+    def _window(self, model: str) -> int:
+        return context_window(model, self.config.betas, self.config.context_window)
+
+    async def _compact_if_full(
+        self, messages: list[dict[str, Any]], profile: Profile, parent: str | None, measure: Measure
+    ) -> bool:
+        fixed = estimate_tokens([profile.system, [[t.description, t.input_schema] for t in profile.tools.values()]])
+        estimate = measure.estimate(messages, fixed)
+        if not needs_compaction(estimate, self.config.max_tokens, self._window(profile.model)):
+            return False
+        return await self._compact(messages, profile, parent, measure, "auto", estimate)
+
+    async def _compact(
+        self,
+        messages: list[dict[str, Any]],
+        profile: Profile,
+        parent: str | None,
+        measure: Measure,
+        trigger: str,
+        pre_tokens: int | None = None,
+    ) -> bool:
+        """Replace the older part of `messages` by the model's summary of it (see _compact)."""
+        q = self._query
+        assert q is not None
+        window = self._window(profile.model)
+        plan = plan_compaction(messages, int(window * KEEP_SHARE))
+        if plan is None:
+            return False
+        older, kept = messages[: plan.cut], messages[plan.cut :]
+        if pre_tokens is None:
+            pre_tokens = measure.estimate(messages, 0)
+        # Same model, system and tools as the conversation: the summary call reads its cached prefix.
+        params = self._request(profile, summary_request(older))
+        params["max_tokens"] = min(self.config.max_tokens, SUMMARY_MAX_TOKENS)
+        params["tool_choice"] = {"type": "none"}
+        call = await call_model(self.client, params, betas=self.config.betas, on_event=None)
+        summary = m.text_of(self._account(call)).strip() or "(the model wrote no summary)"
+        text = summary_text(summary, len(older), plan.request)
+        messages[:] = [summary_message(text), *kept]
+        measure.reset()
+        compaction = {
+            "summary": text,
+            "summarisedMessages": len(older),
+            "keptMessages": len(kept),
+            "keptToolUseIds": tool_use_ids(kept),
+            "postTokens": estimate_tokens(messages),
+        }
+        log.info("compacted the conversation (%s): %d messages summarised, %d kept, ~%d -> ~%d tokens",
+                 trigger, len(older), len(kept), pre_tokens, compaction["postTokens"])
+        await q.emit(m.compact_boundary(self.session_id, parent, trigger, pre_tokens, compaction))
+        return True
+
+    def _request(self, profile: Profile, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The Messages API request for the conversation so far, with its cache breakpoints."""
+        params: dict[str, Any] = {
+            "model": profile.model,
+            "max_tokens": self.config.max_tokens,
+            "messages": cached_messages(messages),
+        }
+        system = cached_system(profile.system)
+        if system:
+            params["system"] = system
+        if profile.tools:
+            params["tools"] = cached_tools(
+                [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                 for t in profile.tools.values()]
+            )
+        return params
 
     async def _run_tool(self, block: dict[str, Any], tools: dict[str, Tool]) -> dict[str, Any]:
         assert self._query is not None
@@ -260,7 +354,7 @@ class Engine:
             model=subagent_model(definition.get("model")) or main.model,
         )
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-        subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns)
+        subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns, Measure())
         return ToolResult(text or "(the subagent returned no text)", is_error=subtype != "success")
 
 

@@ -64,3 +64,19 @@ def append_user(messages: list[dict[str, Any]], content: str | list[dict[str, An
         messages[-1] = {"role": "user", "content": blocks}
     else:
         messages.append({"role": "user", "content": content})
+
+
+def compact_boundary(
+    session_id: str, parent: str | None, trigger: str, pre_tokens: int, compaction: dict[str, Any]
+) -> dict[str, Any]:
+    """The Agent SDK's `compact_boundary` system message, plus what the engine kept (`compaction`:
+    summary, summarisedMessages, keptMessages, keptToolUseIds, postTokens)."""
+    return {
+        "type": "system",
+        "subtype": "compact_boundary",
+        "compact_metadata": {"trigger": trigger, "pre_tokens": pre_tokens},
+        "compaction": compaction,
+        "parent_tool_use_id": parent,
+        "session_id": session_id,
+        "uuid": new_uuid(),
+    }

@@ -33,6 +33,19 @@ class ModelError(Exception):
     """A model call failed for good; the message is meant for a person."""
 
 
+class PromptTooLong(ModelError):
+    """The API refused the request because the conversation no longer fits the model's context
+    window (400 invalid_request_error, "prompt is too long"): compacting it is the cure."""
+
+
+def _is_prompt_too_long(exc: Exception) -> bool:
+    if not isinstance(exc, anthropic.APIStatusError) or exc.status_code not in (400, 413):
+        return False
+    if exc.response.headers.get(REFUSAL_HEADER):
+        return False  # the server's own refusal (a max_tokens cap, say), not the model's window
+    return "prompt is too long" in _describe(exc).lower()
+
+
 def make_client(model_socket: str | None, base_url: str = "http://model-proxy") -> anthropic.AsyncAnthropic:
     transport = httpx2.AsyncHTTPTransport(uds=model_socket) if model_socket else None
     http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
@@ -111,6 +124,8 @@ def _describe(exc: Exception) -> str:
 
 def _final_error(exc: Exception, attempts: int) -> ModelError:
     retried = f" after {attempts - 1} retries" if attempts > 1 else ""
+    if _is_prompt_too_long(exc):
+        return PromptTooLong(f"the conversation does not fit the model's context window: {_describe(exc)}")
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
         if exc.response.headers.get(REFUSAL_HEADER):
