@@ -285,3 +285,17 @@ def test_a_directory_swapped_for_a_link_while_opening_never_serves_outside(ws: P
         swapper.join()
     assert "OUTSIDE" not in served, served
     assert served.get("inside", 0) > 0, served
+
+
+def test_a_link_to_a_sibling_that_sorts_after_the_workspace_is_outside(ws: Path, tmp_path: Path) -> None:
+    # "ws-other" and "wt" sort after "ws": inside-ness is a path relation, never a string order.
+    for sibling in ("ws-other", "wt"):
+        write(tmp_path, f"{sibling}/secret.txt", "outside")
+        (ws / f"to-{sibling}.txt").symlink_to(tmp_path / sibling / "secret.txt")
+        (ws / f"dir-{sibling}").symlink_to(tmp_path / sibling, target_is_directory=True)
+        with pytest.raises(NotFound):
+            resolve_file(ws, f"to-{sibling}.txt")
+        with pytest.raises(NotFound):
+            open_file(ws, f"dir-{sibling}/secret.txt")
+    write(ws, "inside.txt", "in")
+    assert [f.path for f in list_files(ws)] == ["inside.txt"]
