@@ -47,6 +47,7 @@ class Score:
     incompetent: int
     seconds: float
     survivors: tuple[str, ...]
+    pending: int = 0  # not run yet (a partial run)
 
     @property
     def percent(self) -> float:
@@ -131,19 +132,19 @@ def run_target(target: Target, excluded: list[str], factor: float, min_timeout: 
 
 
 def _score(module: str, dump: str, seconds: float) -> Score:
-    counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0, "skipped": 0}
+    counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0}
     survivors: list[str] = []
-    mutants = 0
+    mutants = pending = 0
     for line in dump.splitlines():
         if not line.strip():
             continue
         item, result = json.loads(line)
         if result is None:
+            pending += 1
             continue
-        mutants += 1
         if result.get("worker_outcome") == "skipped":
-            counts["skipped"] += 1
-            continue
+            continue  # left out by exclude-operators
+        mutants += 1
         if result.get("worker_outcome") == "abnormal":
             counts["incompetent"] += 1
             continue
@@ -161,7 +162,7 @@ def _score(module: str, dump: str, seconds: float) -> Score:
         else:
             counts["killed"] += 1
     return Score(module, mutants, counts["killed"] + counts["timeout"], counts["survived"], counts["timeout"],
-                 counts["incompetent"] + counts["skipped"], seconds, tuple(survivors))
+                 counts["incompetent"], seconds, tuple(survivors), pending)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the scores to this file")
     parser.add_argument("--unit-only", action="store_true",
                         help="only the covering tests under tests/unit/ (quick; a lower bound of the score)")
+    parser.add_argument("--score-session", type=Path, metavar="SQLITE",
+                        help="only score a session.sqlite (a kept or still running copy, e.g. to read a partial run)")
     args = parser.parse_args(argv)
+    if args.score_session:
+        dump = subprocess.run([_bin("cosmic-ray"), "dump", str(args.score_session)], check=True,
+                              capture_output=True, text=True).stdout
+        _print(_score(str(args.score_session), dump, 0.0), args.survivors)
+        return 0
     if args.unit_only:
         targets = [Target(t.module, tuple(p for p in t.tests if p.startswith("tests/unit/"))) for t in targets]
         targets = [t for t in targets if t.tests]
@@ -205,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(score: Score, survivors: bool) -> None:
     print(f"{score.module}: {score.percent:.1f}% ({score.killed} killed of {score.killed + score.survived}; "
-          f"{score.timeouts} by timeout, {score.incompetent} incompetent) in {score.seconds / 60:.1f} min",
+          f"{score.timeouts} by timeout, {score.incompetent} incompetent"
+          + (f", {score.pending} not run yet" if score.pending else "") + f") in {score.seconds / 60:.1f} min",
           flush=True)
     if survivors:
         for text in score.survivors:
