@@ -299,3 +299,23 @@ def test_a_link_to_a_sibling_that_sorts_after_the_workspace_is_outside(ws: Path,
             open_file(ws, f"dir-{sibling}/secret.txt")
     write(ws, "inside.txt", "in")
     assert [f.path for f in list_files(ws)] == ["inside.txt"]
+
+
+def test_the_ascii_fallback_keeps_spaces_and_printables_and_replaces_controls() -> None:
+    header = content_disposition("a b~\x7f\x1f.txt")
+    assert header.endswith('; filename="a b~__.txt"')
+
+
+def test_a_limit_that_is_not_whole_megabytes_is_named_in_bytes(ws: Path) -> None:
+    over = write(ws, "over.txt", b"a" * 3000)
+    with pytest.raises(BadRequest, match="limited to 2048 bytes, use format=raw"):
+        read_for_json(over, limit=2048)
+    with pytest.raises(BadRequest, match="limited to 1 MB"):
+        check_raw_size(1024 * 1024 + 1, limit=1024 * 1024)
+
+
+def test_excluded_names_are_files_too_at_any_depth(ws: Path) -> None:
+    write(ws, "src/.git", "gitdir: ../.git/worktrees/src")  # a worktree's .git is a file
+    write(ws, "src/app.pid", "42")
+    write(ws, "src/main.py", "print()")
+    assert [f.path for f in list_files(ws)] == ["src/main.py"]
