@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ashd.actors._pool import PoolActor, PoolConfig
+from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
 from ashd.errors import CapacityError
 from ashd.sandboxing._types import SandboxSpec
@@ -238,3 +238,71 @@ def test_a_dead_sandbox_is_noticed_and_told(make_pool: Callable[..., Pool]) -> N
     assert "signal 9" in lost.detail
     pool.wait_counts({})
     assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is False
+
+
+def test_default_capacity_and_sweep_interval() -> None:
+    gib = 1024**3
+    assert default_capacity(512 * 1024**2, 24 * gib) == 48
+    assert default_capacity(1024**2, 4096 * gib) == 1000  # capped
+    assert default_capacity(64 * gib, 24 * gib) == 1  # never zero
+    assert 1 <= default_capacity(512 * 1024**2) <= 1000  # this host's memory
+    # A quarter of the idle timeout, between 50 ms and 5 s, unless set.
+    assert [PoolConfig(1, 0, t).effective_sweep_interval for t in (1.0, 100.0, 0.1)] == [0.25, 5.0, 0.05]
+    assert PoolConfig(1, 0, 100.0, sweep_interval=0.5).effective_sweep_interval == 0.5
+
+
+def test_a_sandbox_idle_less_than_the_timeout_is_kept(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=3600.0)  # sweeps only when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.lost.empty() and pool.alive(handle)
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_claimed_sandbox_stays_its_sessions_when_its_bridge_comes_up(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=3, prewarm=1)
+    pool.launcher.hold()
+    pool.wait_counts({"warming": 1})
+    taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming
+    assert not taken.prewarmed
+    pool.launcher.release_all()  # its bridge comes up: it is A's, not a warm spare for anyone
+    pool.wait_counts({"warming": 1, "warm": 1})  # A's, still being configured; a new spare
+    other = pool.claim("tenant-b", "b1")
+    assert other.sandbox_id != taken.sandbox_id and other.prewarmed
+
+
+def test_a_size_is_no_reason_to_skip_the_warm_set_without_disk_quotas(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    handle: SandboxHandle = pool.actor.claim("t", "s1", False, "default", 123 * 1024 * 1024).get(timeout=ASK)
+    assert handle.prewarmed  # this launcher has no disk quotas: every sandbox serves every size
+
+
+def test_counters_and_exit_info(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=3600.0)
+    stats = pool.actor.stats().get(timeout=ASK)
+    assert (stats["resumeWarmHits"], stats["resumeColdHits"], stats["preWarmHits"]) == (0, 0, 0)
+    pool.actor.count_resume("warm").get(timeout=ASK)
+    pool.actor.count_resume("cold").get(timeout=ASK)
+    pool.actor.count_resume("cold").get(timeout=ASK)
+    stats = pool.actor.stats().get(timeout=ASK)
+    assert (stats["resumeWarmHits"], stats["resumeColdHits"]) == (1, 2)
+    handle = pool.claim("t", "s1")
+    assert pool.actor.exit_info(handle.sandbox_id).get(timeout=ASK) is None
+    proc = pool.launcher.procs[handle.sandbox_id]
+    proc.popen.kill()
+    proc.popen.wait()
+    info = pool.actor.exit_info(handle.sandbox_id).get(timeout=ASK)
+    assert info is not None and info.returncode == -9
+
+
+def test_stopping_the_pool_destroys_every_sandbox(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=2)
+    pool.wait_counts({"warm": 2})
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.wait_counts({"waiting": 1, "warm": 2})
+    pool.ref.stop(block=True, timeout=60)
+    assert all(proc.poll() is not None for proc in pool.launcher.procs.values())
+    assert sorted(pool.launcher.destroyed) == sorted(pool.launcher.procs)
