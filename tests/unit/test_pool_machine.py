@@ -306,3 +306,15 @@ def test_stopping_the_pool_destroys_every_sandbox(make_pool: Callable[..., Pool]
     pool.ref.stop(block=True, timeout=60)
     assert all(proc.poll() is not None for proc in pool.launcher.procs.values())
     assert sorted(pool.launcher.destroyed) == sorted(pool.launcher.procs)
+
+
+def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
+        make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=4, prewarm=1)
+    pool.launcher.hold()  # no bridge comes up: everything stays warming
+    pool.wait_counts({"warming": 1})
+    taken = pool.claim("tenant-a", "a1")  # takes over the generic spare
+    pool.wait_counts({"warming": 2})  # A's, and a new spare
+    other = pool.claim("tenant-b", "b1")  # takes over the new spare, never A's
+    assert other.sandbox_id != taken.sandbox_id
+    pool.launcher.release_all()
