@@ -319,3 +319,34 @@ def test_excluded_names_are_files_too_at_any_depth(ws: Path) -> None:
     write(ws, "src/app.pid", "42")
     write(ws, "src/main.py", "print()")
     assert [f.path for f in list_files(ws)] == ["src/main.py"]
+
+
+def test_a_file_vanishing_while_it_is_opened_is_not_found_never_an_os_error(ws: Path) -> None:
+    import threading
+
+    # The sandbox removes and recreates its files at any moment; whichever step of the open the
+    # removal lands on, the answer is 404, never an unexpected error (a 500).
+    write(ws, "f.txt", "data")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            os.rename(ws / "f.txt", ws / "g.txt")
+            os.rename(ws / "g.txt", ws / "f.txt")
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    outcomes: dict[str, int] = {}
+    try:
+        for _ in range(3000):
+            try:
+                fh, _size = open_file(ws, "f.txt")
+                fh.close()
+                outcome = "served"
+            except NotFound:
+                outcome = "not found"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        stop.set()
+        churner.join()
+    assert set(outcomes) == {"served", "not found"}, outcomes
