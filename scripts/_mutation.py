@@ -131,6 +131,47 @@ def run_target(target: Target, excluded: list[str], factor: float, min_timeout: 
             shutil.rmtree(work, ignore_errors=True)
 
 
+def recheck(session: Path, target: Target, timeout: float) -> Score:
+    """Run the current tests against the survivors of an earlier session (after adding tests).
+
+    Valid when tests were only added since: a mutant an unchanged test killed stays killed.
+    """
+    started = time.monotonic()
+    dump = subprocess.run([_bin("cosmic-ray"), "dump", str(session)], check=True, capture_output=True,
+                          text=True).stdout
+    before = _score(target.module, dump, 0.0)
+    work = Path(tempfile.mkdtemp(prefix="ashd-mut-"))
+    try:
+        _copy_checkout(work)
+        env = _env(work)
+        pristine = (work / target.module).read_bytes()
+        still: list[str] = []
+        for line in dump.splitlines():
+            if not line.strip():
+                continue
+            item, result = json.loads(line)
+            if not result or result.get("test_outcome") != "survived":
+                continue
+            mutation = item["mutations"][0]
+            (work / target.module).write_bytes(pristine)
+            subprocess.run([_bin("cosmic-ray"), "apply", target.module, mutation["operator_name"],
+                            str(mutation["occurrence"])], cwd=work, env=env, check=True, capture_output=True)
+            try:
+                run = subprocess.run(_pytest_command(target.tests), cwd=work, env=env, capture_output=True,
+                                     timeout=timeout, start_new_session=True)
+                killed = run.returncode != 0
+            except subprocess.TimeoutExpired:
+                killed = True
+            if not killed:
+                still.append(f"{mutation['operator_name']} line {mutation['start_pos'][0]}:\n"
+                             f"{result.get('diff', '').strip()}")
+        newly = before.survived - len(still)
+        return Score(target.module, before.mutants, before.killed + newly, len(still), before.timeouts,
+                     before.incompetent, time.monotonic() - started, tuple(still), before.pending)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _score(module: str, dump: str, seconds: float) -> Score:
     counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0}
     survivors: list[str] = []
@@ -177,15 +218,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the covering tests under tests/unit/ (quick; a lower bound of the score)")
     parser.add_argument("--score-session", type=Path, metavar="SQLITE",
                         help="only score a session.sqlite (a kept or still running copy, e.g. to read a partial run)")
+    parser.add_argument("--recheck", type=Path, metavar="SQLITE",
+                        help="run the current tests against the survivors of this session of the one module "
+                             "named (after tests were added)")
     args = parser.parse_args(argv)
+    if args.unit_only:
+        targets = [Target(t.module, tuple(p for p in t.tests if p.startswith("tests/unit/"))) for t in targets]
+        targets = [t for t in targets if t.tests]
     if args.score_session:
         dump = subprocess.run([_bin("cosmic-ray"), "dump", str(args.score_session)], check=True,
                               capture_output=True, text=True).stdout
         _print(_score(str(args.score_session), dump, 0.0), args.survivors)
         return 0
-    if args.unit_only:
-        targets = [Target(t.module, tuple(p for p in t.tests if p.startswith("tests/unit/"))) for t in targets]
-        targets = [t for t in targets if t.tests]
+    if args.recheck:
+        named = [t for t in targets if any(m in t.module for m in args.modules)]
+        if len(named) != 1:
+            parser.error("--recheck needs the one module its session is of")
+        _print(recheck(args.recheck, named[0], max(min_timeout, 60.0)), args.survivors)
+        return 0
     if args.list:
         for t in targets:
             print(f"{t.module}: {' '.join(t.tests)}")
