@@ -187,3 +187,11 @@ async def test_a_client_gone_is_dead_for_good(serve: Any) -> None:
     assert producer.reason == "client disconnected"
     assert producer.results[-2:] == [False, False]
     assert producer.sent < FRAMES
+
+
+def test_the_default_read_timeout_is_the_interfaces_30_seconds() -> None:
+    from aiohttp_sse import EventSourceResponse
+
+    # interface.md, timeouts: "Idle client on SSE stream: 30 seconds".
+    assert SseSink(EventSourceResponse()).read_timeout == 30.0
+    assert SseSink(EventSourceResponse(), read_timeout=0.5).read_timeout == 0.5
