@@ -14,7 +14,7 @@ import pytest
 
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
-from ashd.errors import CapacityError
+from ashd.errors import CapacityError, StorageFull
 from ashd.sandboxing._types import SandboxSpec
 from tests.fixtures.plain_launcher import PlainLauncher
 from tests.fixtures.sandboxes import wait_for
@@ -28,6 +28,7 @@ class Pool:
 
     def __init__(self, launcher: PlainLauncher, config: PoolConfig) -> None:
         self.launcher = launcher
+        self.full_disk = False  # snapshots fail with StorageFull while set
         self.lost: queue.Queue[SandboxLost] = queue.Queue()
         self.log: list[tuple[str, str]] = []
         self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost)
@@ -38,6 +39,8 @@ class Pool:
 
     def _snapshot(self, session_id: str, workspace: Path) -> None:
         assert workspace.is_dir()
+        if self.full_disk:
+            raise StorageFull(f"the snapshot of session {session_id} does not fit on the data disk")
         self.log.append(("snapshot", session_id))
 
     def _on_lost(self, lost: SandboxLost) -> None:
@@ -77,7 +80,8 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
     launcher = PlainLauncher(short_tmp)
     made: list[Pool] = []
 
-    def make(**config: Any) -> Pool:
+    def make(disk_quota: bool = False, **config: Any) -> Pool:
+        launcher.disk_quota = disk_quota
         values: dict[str, Any] = {"max_capacity": 4, "prewarm": 0, "idle_timeout": 3600.0, "shutdown_grace": 1.0}
         values.update(config)
         pool = Pool(launcher, PoolConfig(**values))
@@ -318,3 +322,40 @@ def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
     other = pool.claim("tenant-b", "b1")  # takes over the new spare, never A's
     assert other.sandbox_id != taken.sandbox_id
     pool.launcher.release_all()
+
+
+def test_what_a_claim_asks_for_is_what_the_sandbox_is_launched_with(make_pool: Callable[..., Pool]) -> None:
+    mib = 1024 * 1024
+    pool = make_pool(disk_quota=True, prewarm=1, max_capacity=6)
+    pool.wait_counts({"warm": 1})
+    default_size = pool.launcher.specs[next(iter(pool.launcher.specs))].limits.disk_bytes
+    plain: SandboxHandle = pool.actor.claim("t", "plain").get(timeout=ASK)  # defaults: no network
+    assert plain.prewarmed and not pool.launcher.specs[plain.sandbox_id].network
+    traced: SandboxHandle = pool.actor.claim("t", "traced", False, "ptrace").get(timeout=ASK)
+    assert not traced.prewarmed and pool.launcher.specs[traced.sandbox_id].seccomp == "ptrace"
+    big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * mib).get(timeout=ASK)
+    assert not big.prewarmed and big.disk_bytes == 300 * mib
+    assert pool.launcher.specs[big.sandbox_id].limits.disk_bytes == 300 * mib
+    pool.wait_counts({"warm": 1, "waiting": 1, "warming": 2})
+    size = int(str(default_size))  # equal, not the same object
+    same: SandboxHandle = pool.actor.claim("t", "same", False, "default", size).get(timeout=ASK)
+    assert same.prewarmed  # the warm spare has the default size
+
+
+def test_a_full_disk_keeps_a_session_sandbox_rather_than_lose_its_workspace(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1, idle_timeout=0.0, sweep_interval=3600.0)  # sweeps when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.full_disk = True
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.alive(handle) and pool.lost.empty()  # idle, but its snapshot could not be taken
+    with pytest.raises(StorageFull) as refused:  # nor is it evicted for another session
+        pool.claim("t", "s2", network=True)
+    # 507, and in words the claiming tenant can act on, without naming the other session.
+    assert refused.value.status_code == 507 and "capacity" in refused.value.message
+    assert "s1" not in refused.value.message
+    assert pool.alive(handle) and pool.lost.empty()
+    pool.full_disk = False
+    pool.claim("t", "s3", network=True)  # space is back: it is snapshotted, then evicted
+    assert pool.next_loss().session_id == "s1"
+    assert pool.log == [("snapshot", "s1"), ("lost", "s1")]
