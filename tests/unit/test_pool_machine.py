@@ -294,6 +294,7 @@ def test_counters_and_exit_info(make_pool: Callable[..., Pool]) -> None:
     assert (stats["resumeWarmHits"], stats["resumeColdHits"]) == (1, 2)
     handle = pool.claim("t", "s1")
     assert pool.actor.exit_info(handle.sandbox_id).get(timeout=ASK) is None
+    assert pool.actor.exit_info("sb-not-in-this-pool").get(timeout=ASK) is None
     proc = pool.launcher.procs[handle.sandbox_id]
     proc.popen.kill()
     proc.popen.wait()
