@@ -245,6 +245,8 @@ def test_a_link_into_an_excluded_directory_is_neither_listed_nor_a_loophole(ws: 
     (ws / "via_link.txt").symlink_to("node_modules/pkg/secret.txt")
     (ws / "git_config").symlink_to(ws / ".git" / "config")
     (ws / "kept_alias.txt").symlink_to("kept.txt")
+    write(ws, "src/node_modules/lib.js", "hidden")
+    (ws / "nested_link.js").symlink_to("src/node_modules/lib.js")  # excluded below the top too
     assert [f.path for f in list_files(ws)] == ["kept.txt", "kept_alias.txt"]
 
 
