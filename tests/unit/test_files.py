@@ -211,9 +211,6 @@ def test_json_limit_is_inclusive_on_every_source(ws: Path, tmp_path: Path) -> No
 
     write(ws, "exact.txt", b"a" * 2048)  # exactly the limit: served
     write(ws, "over.txt", b"a" * 2049)  # one byte more: refused with the size
-    assert read_for_json(ws / "exact.txt", limit=2048) == "a" * 2048
-    with pytest.raises(BadRequest, match="file is 2049 bytes"):
-        read_for_json(ws / "over.txt", limit=2048)
     info = snapshot_workspace(ws, tmp_path / "snaps" / "s", "s")
     for source in (DirectoryReader(ws), SnapshotReader(info.path)):
         assert source.read_for_json("exact.txt", limit=2048) == "a" * 2048
@@ -224,6 +221,8 @@ def test_json_limit_is_inclusive_on_every_source(ws: Path, tmp_path: Path) -> No
 def test_json_read_stops_at_the_limit_whatever_the_size_said() -> None:
     import tracemalloc
 
+    from ashd.storage._files import DirectoryReader
+
     # A file whose size says 0 but holds hundreds of KB (as a file growing after the size check
     # would): the read must stop at the limit, not load the whole file into memory.
     smaps = Path("/proc/self/smaps")
@@ -231,7 +230,7 @@ def test_json_read_stops_at_the_limit_whatever_the_size_said() -> None:
     tracemalloc.start()
     try:
         with pytest.raises(BadRequest, match="file is 4097 bytes"):
-            read_for_json(smaps, limit=4096)
+            DirectoryReader(smaps.parent).read_for_json(smaps.name, limit=4096)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -309,9 +308,11 @@ def test_the_ascii_fallback_keeps_spaces_and_printables_and_replaces_controls() 
 
 
 def test_a_limit_that_is_not_whole_megabytes_is_named_in_bytes(ws: Path) -> None:
-    over = write(ws, "over.txt", b"a" * 3000)
+    from ashd.storage._files import DirectoryReader
+
+    write(ws, "over.txt", b"a" * 3000)
     with pytest.raises(BadRequest, match="limited to 2048 bytes, use format=raw"):
-        read_for_json(over, limit=2048)
+        DirectoryReader(ws).read_for_json("over.txt", limit=2048)
     with pytest.raises(BadRequest, match="limited to 1 MB"):
         check_raw_size(1024 * 1024 + 1, limit=1024 * 1024)
 
