@@ -204,11 +204,11 @@ def resolve_file(root: Path, rel: str) -> Path:
     try:
         candidate.lstat()
         real = candidate.resolve(strict=True)
+        mode = real.stat().st_mode  # may be gone already: the sandbox keeps changing its files
     except (OSError, RuntimeError) as exc:  # missing, dangling, a loop, a file used as a directory
         raise NotFound(f"file not found in the workspace: {cleaned}") from exc
     if not _inside(real_root, real):
         raise NotFound(f"file not found in the workspace: {cleaned} (a symlink that leads outside it)")
-    mode = real.stat().st_mode
     if stat.S_ISDIR(mode):
         raise BadRequest(f"{cleaned} is a directory; list files with GET .../files instead")
     if not stat.S_ISREG(mode):
@@ -223,7 +223,10 @@ def open_file(root: Path, rel: str) -> tuple[BinaryIO, int]:
     real = resolve_file(root, rel)
     real_root = root.resolve()
     # O_NONBLOCK: a FIFO swapped in after the check must not hang the reading thread.
-    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # a component removed or swapped for a link since the resolution
+        raise NotFound(f"file not found in the workspace: {rel} (it changed while being opened)") from exc
     try:
         st = os.fstat(fd)
         opened = Path(os.readlink(f"/proc/self/fd/{fd}"))

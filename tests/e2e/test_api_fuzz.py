@@ -55,7 +55,7 @@ def fuzz(operation: Any, mode: GenerationMode, base: str, key: str, secret: str)
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
-    def run(case: schemathesis.Case) -> None:
+    def run(case: schemathesis.Case) -> None:  # type: ignore[type-arg]
         token = secret if case.path.startswith("/api/internal/") else key
         response = case.call(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         case.validate_response(response, checks=checks)

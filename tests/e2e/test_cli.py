@@ -93,7 +93,7 @@ def test_output_into_a_closed_pipe_is_quiet() -> None:
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-TOOL_TURNS = [
+TOOL_TURNS: list[dict[str, Any]] = [
     {"content": [{"type": "text", "text": "Creating the file."},
                  {"type": "tool_use", "name": "Write", "input": {"file_path": "hello.txt", "content": "hi from cli"}}]},
     {"content": [{"type": "text", "text": "Done: hello.txt written."}]},

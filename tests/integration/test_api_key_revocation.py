@@ -3,9 +3,15 @@ the SERVICE_API_KEY key is revoked only by changing the setting; a revoked key s
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ashd.app import Server
 from ashd.config import Settings
+from ashd.http import _auth
 from tests.conftest import Api, start_api
 
 ENV_KEY = "env-key-0123456789-abcdefghijklmnop"
@@ -23,7 +29,7 @@ async def _restart(aiohttp_client: Any, settings: Settings, previous: Api | None
 async def _key_id(api: Api, label: str) -> str:
     status, body = await api.call("GET", "/api/api-keys")
     assert status == 200, body
-    return next(k["id"] for k in body["keys"] if k["label"] == label)
+    return str(next(k["id"] for k in body["keys"] if k["label"] == label))
 
 
 async def test_env_key_cannot_be_revoked_and_revoked_keys_stay_revoked(aiohttp_client: Any,
@@ -79,5 +85,34 @@ async def test_revoked_generated_key_stays_revoked(aiohttp_client: Any, settings
         status, body = await api.call("GET", "/api/api-keys", key=minted["key"])
         assert status == 200 and [k["label"] for k in body["keys"]] == ["successor"]  # nothing re-minted
     finally:
+        await api.client.close()
+        await api.server.stop()
+
+
+async def test_a_key_revoked_on_another_server_stops_working_when_its_cache_entry_expires(
+        aiohttp_client: Any, settings: Settings, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two servers on one database (two coordinators): a key revoked on one stops working on the
+    # other once the other's cached verification expires. The TTL is shortened to keep this quick.
+    monkeypatch.setattr(_auth, "_CACHE_TTL", 0.5)
+    api = await _restart(aiohttp_client, settings, None)
+    other_server = Server(settings.with_(data_dir=str(short_tmp / "other")))
+    await other_server.start_components()
+    assert other_server.app is not None
+    other = Api(await aiohttp_client(other_server.app), other_server, api.key)
+    try:
+        status, minted = await api.call("POST", "/api/api-keys", json={"label": "shared"})
+        assert status == 201
+        assert (await api.call("GET", "/api/api-keys", key=minted["key"]))[0] == 200  # now cached here
+        status, _ = await other.call("DELETE", f"/api/api-keys/{minted['id']}")
+        assert status == 200
+        assert (await other.call("GET", "/api/api-keys", key=minted["key"]))[0] == 401  # at once there
+        async with asyncio.timeout(30):  # and here once the cached entry expires, not never
+            while (await api.call("GET", "/api/api-keys", key=minted["key"]))[0] != 401:
+                await asyncio.sleep(0.05)
+        status, body = await api.call("GET", "/api/api-keys", key=minted["key"])
+        assert status == 401 and body["error"] == "Invalid API key"
+    finally:
+        await other.client.close()
+        await other_server.stop()
         await api.client.close()
         await api.server.stop()

@@ -139,7 +139,7 @@ async def test_usage_and_cost(engine: str, bridge: BridgeHarness, fake_model: Fa
 
 
 async def test_cold_resume_with_the_stored_history(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
-    stored = [
+    stored: list[dict[str, Any]] = [
         {"type": "user", "content": "BOTH-HIST first question"},
         {"type": "assistant", "message": {"id": "m1", "role": "assistant", "content": [text("first answer")]}},
         {"type": "result", "subtype": "success"},

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api
-from tests.integration.test_sessions import fake_model, sapi  # noqa: F401  (fixtures)
+from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401  (fixture)
+from tests.integration.test_sessions import sapi  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.sandbox
 

@@ -212,7 +212,7 @@ async def test_disk_filling_mid_turn_loses_nothing_once_space_returns(
     assert [f.event for f in frames].count("error") == 0
     assert all(f.id is not None for f in frames)  # every frame, `done` included, is stored
     replay = parse_frames(await (await api.client.get(
-        f"/api/sessions/{sid}/stream?after={frames[0].id - 1}", headers=api.headers())).text())
+        f"/api/sessions/{sid}/stream?after={(frames[0].id or 0) - 1}", headers=api.headers())).text())
     assert [(f.id, f.event, f.data) for f in replay] == [(f.id, f.event, f.data) for f in frames]
     messages = (await _get(api, f"/api/sessions/{sid}/messages?limit=1000"))["messages"]
     assert any("Z" * 1000 in m["content"] for m in messages)

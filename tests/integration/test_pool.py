@@ -217,20 +217,25 @@ def test_sandbox_dying_while_waiting_is_detected(make_pool: Callable[..., Harnes
 
 
 def test_tenants_never_share_a_sandbox(make_pool: Callable[..., Harness]) -> None:
-    h = make_pool(prewarm=1)
+    h = make_pool(max_capacity=6, prewarm=1)
     h.wait_counts({"warm": 1})
     used_by_a: set[str] = set()
+    live = h.claim("tenant-a", "a-live")  # tenant A keeps this one while B claims
+    h.configure(live)
+    used_by_a.add(live.sandbox_id)
     for n in range(2):
+        h.wait_counts({"waiting": 1, "warm": 1})
         handle = h.claim("tenant-a", f"a{n}")
         h.configure(handle)
         used_by_a.add(handle.sandbox_id)
         h.pool.release(handle.sandbox_id, True).get(timeout=ASK)
         assert not handle.paths.root.exists()
-    h.wait_counts({"warm": 1})
+    h.wait_counts({"waiting": 1, "warm": 1})
     for n in range(3):
         handle = h.claim("tenant-b", f"b{n}")
         assert handle.sandbox_id not in used_by_a
         h.configure(handle)
+    assert h.pool.is_alive(live.sandbox_id).get(timeout=ASK) and h.lost.empty()
 
 
 def test_pool_answers_while_a_sandbox_is_destroyed(make_pool: Callable[..., Harness],

@@ -206,14 +206,23 @@ async def test_tenants_never_share_a_sandbox(start: Starter) -> None:
     api = await start(prewarm=1)
     other = await api.new_tenant_key("tenant-b")
     await wait_pool(api, warm=1)
+    # Tenant A holds sandboxes while B claims (one live, one paused: both keep theirs), and has
+    # ended a session: none of them may reach tenant B.
     used_by_a: set[str] = set()
-    for _ in range(2):
+    kept: list[dict[str, Any]] = []
+    for action in ("keep", "pause", "delete"):
         await wait_pool(api, warm=1)  # every claim below is a pre-warm hit
         session = await create(api)
         used_by_a.add(session["sandboxId"])
-        code, _ = await api.call("DELETE", f"/api/sessions/{session['id']}")
-        assert code == 200
-    await wait_pool(api, warm=1, waiting=0)
+        if action == "keep":
+            kept.append(session)
+        else:
+            code, _ = await api.call("POST" if action == "pause" else "DELETE",
+                                     f"/api/sessions/{session['id']}" + ("/pause" if action == "pause" else ""))
+            assert code == 200
+            if action == "pause":
+                kept.append(session)
+    await wait_pool(api, warm=1, waiting=2)
     for _ in range(2):
         await wait_pool(api, warm=1)
         code, body = await api.call("POST", "/api/sessions", key=other, json={"agent": "helper"})
@@ -225,4 +234,7 @@ async def test_tenants_never_share_a_sandbox(start: Starter) -> None:
         assert code == 201, body
         assert body["session"]["sandboxId"] not in used_by_a
     stats = await pool(api)
-    assert stats["preWarmHits"] == 4 and stats["waiting"] == 2
+    assert stats["preWarmHits"] == 5 and stats["waiting"] == 4
+    for session in kept:  # A's sandboxes are still A's
+        code, body = await api.call("GET", f"/api/sessions/{session['id']}")
+        assert code == 200 and body["session"]["sandboxId"] == session["sandboxId"]

@@ -47,8 +47,8 @@ async def test_pause_while_a_turn_runs_interrupts_it_stores_it_then_pauses(
     # Stored before the pause: the interruption comes before the `paused` lifecycle event.
     events = await _events(sapi, sid)
     kinds = [(e["type"], json.loads(e["data"]) if e["data"] else None) for e in events]
-    cut = next(i for i, (t, d) in enumerate(kinds) if t == "error" and d["error"] == "interrupted: session paused")
-    paused = next(i for i, (t, d) in enumerate(kinds) if t == "lifecycle" and d["action"] == "paused")
+    cut = next(i for i, (t, d) in enumerate(kinds) if t == "error" and d and d["error"] == "interrupted: session paused")
+    paused = next(i for i, (t, d) in enumerate(kinds) if t == "lifecycle" and d and d["action"] == "paused")
     assert cut < paused
 
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")

@@ -3,6 +3,8 @@ session's sandbox (its workspace, its uid, no view of the host), not through the
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ashd.devtools.fake_model import FakeModel
@@ -13,7 +15,7 @@ from tests.integration.test_sessions import create, deploy, sapi  # noqa: F401
 pytestmark = pytest.mark.sandbox
 
 
-async def _exec(api: Api, sid: str, command: str, **extra: object) -> tuple[int, dict[str, object]]:
+async def _exec(api: Api, sid: str, command: str, **extra: object) -> tuple[int, dict[str, Any]]:
     status, body = await api.call("POST", f"/api/sessions/{sid}/exec", json={"command": command, **extra})
     return status, body
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from tests.integration.test_sessions import create, deploy, sapi  # noqa: F401
 pytestmark = pytest.mark.sandbox
 
 
-async def _upload(api: Api, sid: str, files: list[dict[str, str]], **extra: str) -> tuple[int, dict[str, object]]:
+async def _upload(api: Api, sid: str, files: list[dict[str, Any]], **extra: str) -> tuple[int, dict[str, Any]]:
     return await api.call("POST", f"/api/sessions/{sid}/files", json={"files": files, **extra})
 
 

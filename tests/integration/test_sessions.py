@@ -31,13 +31,15 @@ async def sapi(aiohttp_client: Any, settings: Settings, fake_model: FakeModel) -
 async def deploy(api: Api, name: str = "helper", prompt: str = "You are helpful.") -> dict[str, Any]:
     status, body = await api.call("POST", "/api/agents", json={"name": name, "systemPrompt": prompt})
     assert status == 201, body
-    return body["agent"]
+    agent: dict[str, Any] = body["agent"]
+    return agent
 
 
 async def create(api: Api, **extra: Any) -> dict[str, Any]:
     status, body = await api.call("POST", "/api/sessions", json={"agent": "helper", **extra})
     assert status == 201, body
-    return body["session"]
+    session: dict[str, Any] = body["session"]
+    return session
 
 
 async def send(api: Api, sid: str, content: str, **extra: Any) -> tuple[int, list[Any]]:

@@ -144,3 +144,21 @@ async def test_a_turn_left_open_by_a_dead_process_is_stored_as_interrupted(db_ur
         assert await sessions.frames_after(idle.id, 0) == []  # no turn was running there
     finally:
         await db.close()
+
+
+async def test_messages_and_events_are_filtered_by_tenant_in_storage(db_url: str) -> None:
+    # Defence in depth: the routes check the session's tenant first, and storage filters again,
+    # so a route that forgot its check still reads nothing of another tenant's.
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        row = await sessions.insert(Session(tenant_id="acme", agent_name="a", status="active"))
+        await sessions.add_user_message(row.id, "acme", "hello")
+        await sessions.transition(row.id, "acme", "paused", "paused")
+        assert ["hello" in m["content"] for m in await sessions.messages("acme", row.id, 0, 10)] == [True]
+        assert len(await sessions.events("acme", row.id, 0, 10, None)) >= 1
+        assert await sessions.messages("globex", row.id, 0, 10) == []
+        assert await sessions.events("globex", row.id, 0, 10, None) == []
+        assert await sessions.events("globex", row.id, 0, 10, "lifecycle") == []
+    finally:
+        await db.close()

@@ -41,7 +41,7 @@ async def lapi(aiohttp_client: Any, short_tmp: Path, fake_model: FakeModel,  # n
         await server.stop()
 
 
-def limits(**changes: Any) -> Any:
+def limits(**changes: Any) -> pytest.MarkDecorator:
     return pytest.mark.parametrize("lapi", [changes], indirect=True)
 
 

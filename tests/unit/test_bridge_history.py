@@ -87,7 +87,7 @@ def test_an_unanswered_prompt_is_never_merged_into_the_next_one() -> None:
 
 
 def test_a_failed_turn_is_closed_with_its_reason_and_max_turns_is_not() -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"type": "user", "content": "one"},
         {"type": "result", "subtype": "error_during_execution", "is_error": True, "result": "overloaded"},
         {"type": "user", "content": "two"},

@@ -15,7 +15,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def dashboard() -> dict[str, Any]:
-    return json.loads((CONFIGS / "grafana-ashd.json").read_text())
+    loaded: dict[str, Any] = json.loads((CONFIGS / "grafana-ashd.json").read_text())
+    return loaded
 
 
 def exprs(panel: dict[str, Any]) -> list[str]:

@@ -198,3 +198,154 @@ def test_directory_reader_is_the_same_file_source_as_a_snapshot(ws: Path, tmp_pa
             source.open_file("b/../a.txt")
         with pytest.raises(NotFound):
             source.open_file("escape/x")
+
+
+def test_json_limit_is_inclusive_on_every_source(ws: Path, tmp_path: Path) -> None:
+    from ashd.storage._files import DirectoryReader
+    from ashd.storage._snapshots import snapshot_workspace
+    from ashd.storage._snapshots_reader import SnapshotReader
+
+    write(ws, "exact.txt", b"a" * 2048)  # exactly the limit: served
+    write(ws, "over.txt", b"a" * 2049)  # one byte more: refused with the size
+    info = snapshot_workspace(ws, tmp_path / "snaps" / "s", "s")
+    for source in (DirectoryReader(ws), SnapshotReader(info.path)):
+        assert source.read_for_json("exact.txt", limit=2048) == "a" * 2048
+        with pytest.raises(BadRequest, match="file is 2049 bytes"):
+            source.read_for_json("over.txt", limit=2048)
+
+
+def test_json_read_stops_at_the_limit_whatever_the_size_said() -> None:
+    import tracemalloc
+
+    from ashd.storage._files import DirectoryReader
+
+    # A file whose size says 0 but holds hundreds of KB (as a file growing after the size check
+    # would): the read must stop at the limit, not load the whole file into memory.
+    smaps = Path("/proc/self/smaps")
+    assert smaps.stat().st_size == 0 and len(smaps.read_bytes()) > 64 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadRequest, match="file is 4097 bytes"):
+            DirectoryReader(smaps.parent).read_for_json(smaps.name, limit=4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 1024
+
+
+def test_a_link_into_an_excluded_directory_is_neither_listed_nor_a_loophole(ws: Path) -> None:
+    write(ws, "node_modules/pkg/secret.txt", "hidden")
+    write(ws, ".git/config", "hidden")
+    write(ws, "kept.txt", "kept")
+    (ws / "via_link.txt").symlink_to("node_modules/pkg/secret.txt")
+    (ws / "git_config").symlink_to(ws / ".git" / "config")
+    (ws / "kept_alias.txt").symlink_to("kept.txt")
+    write(ws, "src/node_modules/lib.js", "hidden")
+    (ws / "nested_link.js").symlink_to("src/node_modules/lib.js")  # excluded below the top too
+    assert [f.path for f in list_files(ws)] == ["kept.txt", "kept_alias.txt"]
+
+
+def test_a_directory_swapped_for_a_link_while_opening_never_serves_outside(ws: Path, tmp_path: Path) -> None:
+    import ctypes
+    import threading
+
+    # A sandboxed process can swap a path component for a symlink at any moment: between the
+    # path's resolution and its open, `d` becomes a link to a directory outside the workspace.
+    write(ws, "d/f.txt", "inside")
+    write(tmp_path, "outside/f.txt", "OUTSIDE")
+    real, link = ws / "d", ws / "d.link"
+    link.symlink_to(tmp_path / "outside", target_is_directory=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    stop = threading.Event()
+
+    def swap() -> None:  # atomically exchange the directory and the link, again and again
+        while not stop.is_set():
+            if libc.renameat2(at_fdcwd, bytes(real), at_fdcwd, bytes(link), rename_exchange) != 0:
+                raise OSError(ctypes.get_errno(), "renameat2")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    served: dict[str, int] = {}
+    try:
+        for _ in range(3000):
+            try:
+                fh, _size = open_file(ws, "d/f.txt")
+            except (NotFound, BadRequest):
+                served["refused"] = served.get("refused", 0) + 1
+                continue
+            with fh:
+                text = fh.read().decode()
+            served[text] = served.get(text, 0) + 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert "OUTSIDE" not in served, served
+    assert served.get("inside", 0) > 0, served
+
+
+def test_a_link_to_a_sibling_that_sorts_after_the_workspace_is_outside(ws: Path, tmp_path: Path) -> None:
+    # "ws-other" and "wt" sort after "ws": inside-ness is a path relation, never a string order.
+    for sibling in ("ws-other", "wt"):
+        write(tmp_path, f"{sibling}/secret.txt", "outside")
+        (ws / f"to-{sibling}.txt").symlink_to(tmp_path / sibling / "secret.txt")
+        (ws / f"dir-{sibling}").symlink_to(tmp_path / sibling, target_is_directory=True)
+        with pytest.raises(NotFound):
+            resolve_file(ws, f"to-{sibling}.txt")
+        with pytest.raises(NotFound):
+            open_file(ws, f"dir-{sibling}/secret.txt")
+    write(ws, "inside.txt", "in")
+    assert [f.path for f in list_files(ws)] == ["inside.txt"]
+
+
+def test_the_ascii_fallback_keeps_spaces_and_printables_and_replaces_controls() -> None:
+    header = content_disposition("a b~\x7f\x1f.txt")
+    assert header.endswith('; filename="a b~__.txt"')
+
+
+def test_a_limit_that_is_not_whole_megabytes_is_named_in_bytes(ws: Path) -> None:
+    from ashd.storage._files import DirectoryReader
+
+    write(ws, "over.txt", b"a" * 3000)
+    with pytest.raises(BadRequest, match="limited to 2048 bytes, use format=raw"):
+        DirectoryReader(ws).read_for_json("over.txt", limit=2048)
+    with pytest.raises(BadRequest, match="limited to 1 MB"):
+        check_raw_size(1024 * 1024 + 1, limit=1024 * 1024)
+
+
+def test_excluded_names_are_files_too_at_any_depth(ws: Path) -> None:
+    write(ws, "src/.git", "gitdir: ../.git/worktrees/src")  # a worktree's .git is a file
+    write(ws, "src/app.pid", "42")
+    write(ws, "src/main.py", "print()")
+    assert [f.path for f in list_files(ws)] == ["src/main.py"]
+
+
+def test_a_file_vanishing_while_it_is_opened_is_not_found_never_an_os_error(ws: Path) -> None:
+    import threading
+
+    # The sandbox removes and recreates its files at any moment; whichever step of the open the
+    # removal lands on, the answer is 404, never an unexpected error (a 500).
+    write(ws, "f.txt", "data")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            os.rename(ws / "f.txt", ws / "g.txt")
+            os.rename(ws / "g.txt", ws / "f.txt")
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    outcomes: dict[str, int] = {}
+    try:
+        for _ in range(3000):
+            try:
+                fh, _size = open_file(ws, "f.txt")
+                fh.close()
+                outcome = "served"
+            except NotFound:
+                outcome = "not found"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        stop.set()
+        churner.join()
+    assert set(outcomes) == {"served", "not found"}, outcomes

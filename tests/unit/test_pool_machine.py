@@ -1,0 +1,362 @@
+"""The pool's state machine on its own: PoolActor messages over plain host processes (no HTTP,
+no isolation; tests/fixtures/plain_launcher.py). States, eviction order, the configuration window,
+the idle sweep and tenant separation, as the sessions and the operator see them: pool counts,
+losses told to the session side, and which sandbox each claim gets."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
+from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
+from ashd.errors import CapacityError, StorageFull
+from ashd.sandboxing._types import SandboxSpec
+from tests.fixtures.plain_launcher import PlainLauncher
+from tests.fixtures.sandboxes import wait_for
+
+STATES = ("cold", "warming", "warm", "waiting", "running")
+ASK = 30.0
+
+
+class Pool:
+    """A started PoolActor and what it told the outside (losses, snapshots), in order."""
+
+    def __init__(self, launcher: PlainLauncher, config: PoolConfig) -> None:
+        self.launcher = launcher
+        self.full_disk = False  # snapshots fail with StorageFull while set
+        self.lost: queue.Queue[SandboxLost] = queue.Queue()
+        self.log: list[tuple[str, str]] = []
+        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost)
+        self.actor = self.ref.proxy()
+
+    def _spec(self, sandbox_id: str, network: bool) -> SandboxSpec:
+        return SandboxSpec(sandbox_id, self.launcher.paths_for(sandbox_id), network=network)
+
+    def _snapshot(self, session_id: str, workspace: Path) -> None:
+        assert workspace.is_dir()
+        if self.full_disk:
+            raise StorageFull(f"the snapshot of session {session_id} does not fit on the data disk")
+        self.log.append(("snapshot", session_id))
+
+    def _on_lost(self, lost: SandboxLost) -> None:
+        self.log.append(("lost", lost.session_id))
+        self.lost.put(lost)
+
+    def counts(self) -> dict[str, int]:
+        stats: dict[str, int] = self.actor.stats().get(timeout=ASK)
+        assert stats["total"] == sum(stats[s] for s in STATES), stats
+        return {s: stats[s] for s in STATES if stats[s]}
+
+    def wait_counts(self, expected: dict[str, int]) -> None:
+        wait_for(lambda: self.counts() == expected, 30, f"pool counts {expected}")
+
+    def claim(self, tenant: str, session: str, network: bool = False) -> SandboxHandle:
+        handle: SandboxHandle = self.actor.claim(tenant, session, network).get(timeout=ASK)
+        return handle
+
+    def ready(self, handle: SandboxHandle) -> None:
+        """What a session does once it has configured its sandbox."""
+        self.actor.mark_ready(handle.sandbox_id).get(timeout=ASK)
+
+    def turn(self, handle: SandboxHandle) -> None:
+        """One turn: running, then waiting again (the sandbox's last activity is now)."""
+        assert self.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is True
+        self.actor.mark_waiting(handle.sandbox_id).get(timeout=ASK)
+
+    def alive(self, handle: SandboxHandle) -> bool:
+        return bool(self.actor.is_alive(handle.sandbox_id).get(timeout=ASK))
+
+    def next_loss(self) -> SandboxLost:
+        return self.lost.get(timeout=30)
+
+
+@pytest.fixture
+def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
+    launcher = PlainLauncher(short_tmp)
+    made: list[Pool] = []
+
+    def make(disk_quota: bool = False, **config: Any) -> Pool:
+        launcher.disk_quota = disk_quota
+        values: dict[str, Any] = {"max_capacity": 4, "prewarm": 0, "idle_timeout": 3600.0, "shutdown_grace": 1.0}
+        values.update(config)
+        pool = Pool(launcher, PoolConfig(**values))
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        if pool.ref.is_alive():
+            pool.ref.stop(block=True, timeout=60)
+    launcher.kill_all()
+
+
+def test_states_from_prewarm_to_release(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})  # cold → warming → warm
+    handle = pool.claim("t", "s1")
+    assert handle.prewarmed
+    pool.wait_counts({"waiting": 1, "warm": 1})  # claimed; a new spare replaces it
+    pool.ready(handle)
+    assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is True
+    assert pool.counts() == {"running": 1, "warm": 1}
+    pool.actor.mark_waiting(handle.sandbox_id).get(timeout=ASK)
+    assert pool.counts() == {"waiting": 1, "warm": 1}
+    pool.actor.release(handle.sandbox_id, True).get(timeout=ASK)
+    assert pool.counts() == {"warm": 1}
+    assert handle.sandbox_id in pool.launcher.destroyed  # never back to the warm set
+    assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is False
+    assert pool.alive(handle) is False
+
+
+def test_fresh_claim_is_warming_until_the_session_is_ready(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool()
+    handle = pool.claim("t", "s1", network=True)
+    assert not handle.prewarmed
+    assert pool.counts() == {"warming": 1}
+    pool.ready(handle)
+    assert pool.counts() == {"waiting": 1}
+    assert pool.actor.stats().get(timeout=ASK)["preWarmHits"] == 0
+
+
+def test_eviction_takes_the_least_recently_active_session(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=2)
+    older = pool.claim("t", "older")
+    pool.ready(older)
+    newer = pool.claim("t", "newer")
+    pool.ready(newer)
+    pool.turn(older)  # created first, but active last
+    pool.claim("t", "third")
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("newer", LossReason.EVICTED)
+    assert pool.log == [("snapshot", "newer"), ("lost", "newer")]  # snapshot first: nothing lost
+    assert pool.alive(older)
+    assert not pool.alive(newer)
+
+
+def test_eviction_order_spare_before_session_and_never_a_running_turn(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=2, prewarm=1)
+    pool.wait_counts({"warm": 1})
+    session = pool.claim("t", "s1", network=True)  # a network sandbox is never pre-warmed
+    pool.ready(session)
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    second = pool.claim("t", "s2", network=True)  # room is made by destroying the spare
+    assert pool.lost.empty() and pool.alive(session)
+    assert pool.counts() == {"waiting": 1, "warming": 1}
+    pool.ready(second)
+    assert pool.actor.mark_running(session.sandbox_id).get(timeout=ASK)
+    assert pool.actor.mark_running(second.sandbox_id).get(timeout=ASK)
+    with pytest.raises(CapacityError) as refused:  # running turns are never evicted: 503
+        pool.claim("t", "s3", network=True)
+    assert refused.value.status_code == 503
+    assert pool.counts() == {"running": 2}
+    assert pool.lost.empty()
+
+
+def test_a_spare_still_warming_is_evicted_before_refusing(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1, prewarm=1)
+    pool.launcher.hold()  # the spare's bridge never comes up while held
+    pool.wait_counts({"warming": 1})
+    handle = pool.claim("t", "s1", network=True)  # capacity 1: only the spare can make room
+    pool.launcher.release_all()
+    assert pool.counts() == {"warming": 1}
+    wait_for(lambda: pool.launcher.destroyed != [], 30, "the spare destroyed")
+    assert handle.sandbox_id not in pool.launcher.destroyed
+    pool.ready(handle)
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_sandbox_being_configured_is_not_evicted(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1, prewarm=1)
+    pool.wait_counts({"warm": 1})
+    configuring = pool.claim("t", "s1")  # pre-warmed: waiting at once, but not yet configured
+    assert pool.counts() == {"waiting": 1}
+    with pytest.raises(CapacityError) as refused:
+        pool.claim("t", "s2", network=True)
+    assert refused.value.status_code == 503
+    assert pool.lost.empty() and pool.alive(configuring)
+    pool.ready(configuring)  # configured: from now on it can make room
+    pool.claim("t", "s3", network=True)
+    assert pool.next_loss().session_id == "s1"
+
+
+def test_the_idle_sweep_spares_a_sandbox_being_configured(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=3, prewarm=1, idle_timeout=0.2, sweep_interval=0.02)
+    pool.wait_counts({"warm": 1})
+    configuring = pool.claim("t", "configuring")  # claimed first: idle longest, but not configured
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    idle = pool.claim("t", "idle")
+    pool.ready(idle)
+    lost = pool.next_loss()  # the configured one goes after its idle timeout
+    assert (lost.session_id, lost.reason) == ("idle", LossReason.IDLE)
+    assert pool.log == [("snapshot", "idle"), ("lost", "idle")]
+    assert pool.alive(configuring)
+    pool.ready(configuring)  # configured now: its idle clock starts
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("configuring", LossReason.IDLE)
+
+
+def test_the_idle_sweep_spares_a_running_turn(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(idle_timeout=0.2, sweep_interval=0.02)
+    busy = pool.claim("t", "busy")
+    pool.ready(busy)
+    assert pool.actor.mark_running(busy.sandbox_id).get(timeout=ASK)
+    idle = pool.claim("t", "idle")
+    pool.ready(idle)
+    assert pool.next_loss().session_id == "idle"
+    assert pool.counts() == {"running": 1}
+    pool.actor.mark_waiting(busy.sandbox_id).get(timeout=ASK)  # the turn ends: the clock restarts
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("busy", LossReason.IDLE)
+    pool.wait_counts({})
+
+
+def test_tenants_never_share_a_sandbox(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=8, prewarm=1)
+    pool.wait_counts({"warm": 1})
+    a_live = pool.claim("tenant-a", "a-live")
+    pool.ready(a_live)  # tenant A's session stays, waiting between turns
+    a_gone = pool.claim("tenant-a", "a-gone", network=True)
+    pool.ready(a_gone)
+    pool.actor.release(a_gone.sandbox_id).get(timeout=ASK)  # and one of A's sessions has ended
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    used_by_a = {a_live.sandbox_id, a_gone.sandbox_id}
+    for n in range(3):
+        handle = pool.claim("tenant-b", f"b{n}", network=n == 2)
+        assert handle.sandbox_id not in used_by_a
+        pool.ready(handle)
+    assert pool.alive(a_live) and pool.lost.empty()
+
+
+def test_a_dead_sandbox_is_noticed_and_told(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=0.02)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.procs[handle.sandbox_id].popen.kill()
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("s1", LossReason.EXITED)
+    assert "signal 9" in lost.detail
+    pool.wait_counts({})
+    assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is False
+
+
+def test_default_capacity_and_sweep_interval() -> None:
+    gib = 1024**3
+    assert default_capacity(512 * 1024**2, 24 * gib) == 48
+    assert default_capacity(1024**2, 4096 * gib) == 1000  # capped
+    assert default_capacity(64 * gib, 24 * gib) == 1  # never zero
+    assert 1 <= default_capacity(512 * 1024**2) <= 1000  # this host's memory
+    # A quarter of the idle timeout, between 50 ms and 5 s, unless set.
+    assert [PoolConfig(1, 0, t).effective_sweep_interval for t in (1.0, 100.0, 0.1)] == [0.25, 5.0, 0.05]
+    assert PoolConfig(1, 0, 100.0, sweep_interval=0.5).effective_sweep_interval == 0.5
+
+
+def test_a_sandbox_idle_less_than_the_timeout_is_kept(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=3600.0)  # sweeps only when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.lost.empty() and pool.alive(handle)
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_claimed_sandbox_stays_its_sessions_when_its_bridge_comes_up(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=3, prewarm=1)
+    pool.launcher.hold()
+    pool.wait_counts({"warming": 1})
+    taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming
+    assert not taken.prewarmed
+    pool.launcher.release_all()  # its bridge comes up: it is A's, not a warm spare for anyone
+    pool.wait_counts({"warming": 1, "warm": 1})  # A's, still being configured; a new spare
+    other = pool.claim("tenant-b", "b1")
+    assert other.sandbox_id != taken.sandbox_id and other.prewarmed
+
+
+def test_a_size_is_no_reason_to_skip_the_warm_set_without_disk_quotas(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    handle: SandboxHandle = pool.actor.claim("t", "s1", False, "default", 123 * 1024 * 1024).get(timeout=ASK)
+    assert handle.prewarmed  # this launcher has no disk quotas: every sandbox serves every size
+
+
+def test_counters_and_exit_info(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=3600.0)
+    stats = pool.actor.stats().get(timeout=ASK)
+    assert (stats["resumeWarmHits"], stats["resumeColdHits"], stats["preWarmHits"]) == (0, 0, 0)
+    pool.actor.count_resume("warm").get(timeout=ASK)
+    pool.actor.count_resume("cold").get(timeout=ASK)
+    pool.actor.count_resume("cold").get(timeout=ASK)
+    stats = pool.actor.stats().get(timeout=ASK)
+    assert (stats["resumeWarmHits"], stats["resumeColdHits"]) == (1, 2)
+    handle = pool.claim("t", "s1")
+    assert pool.actor.exit_info(handle.sandbox_id).get(timeout=ASK) is None
+    assert pool.actor.exit_info("sb-not-in-this-pool").get(timeout=ASK) is None
+    proc = pool.launcher.procs[handle.sandbox_id]
+    proc.popen.kill()
+    proc.popen.wait()
+    info = pool.actor.exit_info(handle.sandbox_id).get(timeout=ASK)
+    assert info is not None and info.returncode == -9
+
+
+def test_stopping_the_pool_destroys_every_sandbox(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=2)
+    pool.wait_counts({"warm": 2})
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.wait_counts({"waiting": 1, "warm": 2})
+    pool.ref.stop(block=True, timeout=60)
+    assert all(proc.poll() is not None for proc in pool.launcher.procs.values())
+    assert sorted(pool.launcher.destroyed) == sorted(pool.launcher.procs)
+
+
+def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
+        make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=4, prewarm=1)
+    pool.launcher.hold()  # no bridge comes up: everything stays warming
+    pool.wait_counts({"warming": 1})
+    taken = pool.claim("tenant-a", "a1")  # takes over the generic spare
+    pool.wait_counts({"warming": 2})  # A's, and a new spare
+    other = pool.claim("tenant-b", "b1")  # takes over the new spare, never A's
+    assert other.sandbox_id != taken.sandbox_id
+    pool.launcher.release_all()
+
+
+def test_what_a_claim_asks_for_is_what_the_sandbox_is_launched_with(make_pool: Callable[..., Pool]) -> None:
+    mib = 1024 * 1024
+    pool = make_pool(disk_quota=True, prewarm=1, max_capacity=6)
+    pool.wait_counts({"warm": 1})
+    default_size = pool.launcher.specs[next(iter(pool.launcher.specs))].limits.disk_bytes
+    plain: SandboxHandle = pool.actor.claim("t", "plain").get(timeout=ASK)  # defaults: no network
+    assert plain.prewarmed and not pool.launcher.specs[plain.sandbox_id].network
+    traced: SandboxHandle = pool.actor.claim("t", "traced", False, "ptrace").get(timeout=ASK)
+    assert not traced.prewarmed and pool.launcher.specs[traced.sandbox_id].seccomp == "ptrace"
+    big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * mib).get(timeout=ASK)
+    assert not big.prewarmed and big.disk_bytes == 300 * mib
+    assert pool.launcher.specs[big.sandbox_id].limits.disk_bytes == 300 * mib
+    pool.wait_counts({"warm": 1, "waiting": 1, "warming": 2})
+    size = int(str(default_size))  # equal, not the same object
+    same: SandboxHandle = pool.actor.claim("t", "same", False, "default", size).get(timeout=ASK)
+    assert same.prewarmed  # the warm spare has the default size
+
+
+def test_a_full_disk_keeps_a_session_sandbox_rather_than_lose_its_workspace(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1, idle_timeout=0.0, sweep_interval=3600.0)  # sweeps when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.full_disk = True
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.alive(handle) and pool.lost.empty()  # idle, but its snapshot could not be taken
+    with pytest.raises(StorageFull) as refused:  # nor is it evicted for another session
+        pool.claim("t", "s2", network=True)
+    # 507, and in words the claiming tenant can act on, without naming the other session.
+    assert refused.value.status_code == 507 and "capacity" in refused.value.message
+    assert "s1" not in refused.value.message
+    assert pool.alive(handle) and pool.lost.empty()
+    pool.full_disk = False
+    pool.claim("t", "s3", network=True)  # space is back: it is snapshotted, then evicted
+    assert pool.next_loss().session_id == "s1"
+    assert pool.log == [("snapshot", "s1"), ("lost", "s1")]

@@ -1,0 +1,275 @@
+"""The session's state machine on its own: SessionActor messages, no HTTP.
+
+Real parts: the session rows in SQLite, a real PoolActor, and real bridge processes (unsandboxed,
+tests/fixtures/plain_launcher.py) that the actor connects to and configures. Each rejection of
+the state table is checked with the exact status the API answers; each accepted transition by
+the stored row the next request reads. The HTTP view of the same table is
+tests/integration/test_session_states.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ashd.actors._aio import call
+from ashd.actors._pool import PoolActor, PoolConfig
+from ashd.actors._pool_types import LossReason, SandboxLost
+from ashd.actors._session import SessionActor
+from ashd.actors._session_deps import CreateRequest, SessionDeps
+from ashd.errors import NotFound, ServiceError
+from ashd.sandboxing._types import SandboxSpec
+from ashd.storage import Database
+from ashd.storage._agents import AgentView
+from ashd.storage._crypto import Cipher
+from ashd.storage._models import Session, new_id
+from ashd.storage._sessions import Sessions
+from tests.fixtures.plain_launcher import PlainLauncher
+from tests.fixtures.sandboxes import wait_for
+
+T = 30.0
+TENANT = "acme"
+KEY = bytes(range(32))
+
+
+@dataclass
+class Machine:
+    """SessionDeps over real storage and a real pool; `actor(sid)` starts a SessionActor."""
+
+    sessions: Sessions
+    pool: Any  # PoolActor proxy
+    launcher: PlainLauncher
+    agents: dict[str, AgentView]
+    deps: SessionDeps | None = None
+    actors: dict[str, Any] = field(default_factory=dict)
+    resumes: list[tuple[str, str]] = field(default_factory=list)
+
+    def actor(self, sid: str) -> Any:
+        assert self.deps is not None
+        if sid not in self.actors:
+            self.actors[sid] = SessionActor.start(self.deps, sid, TENANT)
+        return self.actors[sid].proxy()
+
+    async def ask(self, sid: str, method: str, *args: Any) -> Any:
+        return await call(getattr(self.actor(sid), method)(*args), 2 * T)
+
+    async def refused(self, sid: str, method: str, *args: Any) -> ServiceError:
+        with pytest.raises(ServiceError) as refused:
+            await self.ask(sid, method, *args)
+        return refused.value
+
+    async def insert(self, status: str, error: str | None = None, agent: str = "helper") -> str:
+        sid = new_id()
+        await self.sessions.insert(Session(id=sid, tenant_id=TENANT, agent_name=agent, status=status, model=None,
+                                           config="{}", error=error))
+        return sid
+
+    async def create(self, agent: str = "helper", env: bytes | None = None) -> tuple[str, dict[str, Any]]:
+        sid = new_id()
+        row = Session(id=sid, tenant_id=TENANT, agent_name=agent, model=None, status="starting", config="{}",
+                      env_ciphertext=env)
+        await self.sessions.insert(row)
+        req = CreateRequest(sid, TENANT, agent, None, {}, agent=self.agents[agent])
+        view: dict[str, Any] = await call(self.actor(sid).create(req, row), 2 * T)
+        return sid, view
+
+    async def row(self, sid: str) -> Session:
+        return await self.sessions.get(TENANT, sid)
+
+    async def lifecycle(self, sid: str) -> list[str]:
+        events = await self.sessions.events(TENANT, sid, 0, 100, "lifecycle")
+        return [json.loads(e["data"])["action"] for e in events]
+
+    def counts(self) -> dict[str, int]:
+        stats: dict[str, int] = self.pool.stats().get(timeout=T)
+        return {k: stats[k] for k in ("warming", "warm", "waiting", "running") if stats[k]}
+
+
+@pytest.fixture
+async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
+    db = await Database.open(f"sqlite+aiosqlite:///{short_tmp / 'ashd.db'}")
+    launcher = PlainLauncher(short_tmp / "sb", bridge=True)
+    agent_dir = short_tmp / "agent"
+    agent_dir.mkdir()
+    (agent_dir / "AGENT.md").write_text("You are helpful.\n")
+    agents = {
+        "helper": AgentView("a1", "helper", 1, str(agent_dir), None, {}, False),
+    }
+
+    cipher = Cipher(KEY)
+
+    def decrypt_env(blob: bytes | None, sid: str) -> dict[str, str]:
+        return dict(cipher.decrypt_json(blob, sid.encode())) if blob else {}
+
+    def spec_for(sandbox_id: str, network: bool) -> SandboxSpec:
+        return SandboxSpec(sandbox_id, launcher.paths_for(sandbox_id), network=network)
+
+    lost: list[SandboxLost] = []
+    pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=0, idle_timeout=3600.0, shutdown_grace=1.0),
+                               launcher, spec_for, None, lost.append)
+    m = Machine(Sessions(db), pool_ref.proxy(), launcher, agents)
+
+    async def resolve_agent(_tenant: str, name: str) -> AgentView:
+        if name not in agents:
+            raise NotFound(f"Agent {name} not found")
+        return agents[name]
+
+    async def resolve_credential(_tenant: str, cid: str) -> Any:
+        raise NotFound(f"Credential {cid} not found")
+
+    async def record_usage(*_args: Any) -> None:
+        return None
+
+    m.deps = SessionDeps(
+        loop=asyncio.get_running_loop(), sessions=m.sessions, pool=m.pool, snapshots=None, model_proxy=None,
+        resolve_agent=resolve_agent, resolve_credential=resolve_credential,
+        decrypt_env=decrypt_env, count_resume=lambda path, sid, _agent: m.resumes.append((path, sid)),
+        record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=T, shutdown_grace=1.0,
+        network_default=False, sandbox_owner=lambda _sid: None)
+    try:
+        yield m
+    finally:
+        for ref in m.actors.values():
+            ref.stop(block=False)
+        await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=60))
+        launcher.kill_all()
+        await db.close()
+
+
+# --- rejections: the exact status of each refused row -------------------------------------------
+
+# (message, status the session is in) -> the status code the API answers
+REFUSED = {
+    ("pause", "starting"): 400, ("pause", "paused"): 400, ("pause", "stopped"): 400,
+    ("pause", "error"): 400, ("pause", "ended"): 400,
+    ("stop_session", "paused"): 400, ("stop_session", "stopped"): 400, ("stop_session", "error"): 400,
+    ("stop_session", "ended"): 400,
+    ("resume", "ended"): 410,
+    ("begin_turn", "starting"): 400, ("begin_turn", "paused"): 400, ("begin_turn", "stopped"): 400,
+    ("begin_turn", "error"): 400, ("begin_turn", "ended"): 400,
+    ("interrupt", "active"): 409, ("interrupt", "paused"): 409,
+}
+
+
+async def test_every_refused_transition_has_its_status_and_changes_nothing(machine: Machine) -> None:
+    for (message, status), code in REFUSED.items():
+        sid = await machine.insert(status, error="boom" if status == "error" else None)
+        args: tuple[Any, ...] = ("hello", None) if message == "begin_turn" else ()
+        refused = await machine.refused(sid, message, *args)
+        assert refused.status_code == code, (message, status, refused.message)
+        row = await machine.row(sid)
+        assert (row.status, row.error) == (status, "boom" if status == "error" else None), (message, status)
+        assert await machine.lifecycle(sid) == [], (message, status)
+    assert machine.counts() == {}  # no refusal claimed a sandbox
+
+
+async def test_delete_of_an_ended_session_answers_as_is(machine: Machine) -> None:
+    sid = await machine.insert("ended")
+    view = await machine.ask(sid, "delete")
+    assert view["status"] == "ended"
+    assert await machine.lifecycle(sid) == []
+
+
+# --- accepted transitions -----------------------------------------------------------------------
+
+async def test_create_pause_resume_stop(machine: Machine) -> None:
+    sid, view = await machine.create()
+    assert view["status"] == "active" and view["sandboxId"]
+    assert machine.counts() == {"waiting": 1}  # configured: the pool may now sweep or evict it
+    assert (await machine.row(sid)).sandbox_id == view["sandboxId"]
+
+    assert (await machine.ask(sid, "resume"))["status"] == "active"  # active: a no-op
+    assert (await machine.ask(sid, "pause"))["status"] == "paused"
+    resumed = await machine.ask(sid, "resume")
+    assert resumed["status"] == "active" and resumed["sandboxId"] == view["sandboxId"]  # warm
+    assert machine.resumes == [("warm", sid)]
+
+    stopped = await machine.ask(sid, "stop_session")
+    assert stopped["status"] == "stopped" and (await machine.row(sid)).sandbox_id == ""
+    assert machine.counts() == {}  # the sandbox went with the stop
+    assert await machine.ask(sid, "retirable") is True
+    resumed = await machine.ask(sid, "resume")  # stopped → cold resume on a new sandbox
+    assert resumed["status"] == "active" and resumed["sandboxId"] not in ("", view["sandboxId"])
+    assert machine.resumes[-1] == ("cold", sid)
+    assert await machine.lifecycle(sid) == ["created", "paused", "resumed", "stopped", "resumed"]
+
+
+async def test_stop_of_a_session_still_starting(machine: Machine) -> None:
+    sid = await machine.insert("starting")
+    assert (await machine.ask(sid, "stop_session"))["status"] == "stopped"
+
+
+async def test_resume_from_error_clears_the_error(machine: Machine) -> None:
+    sid = await machine.insert("error", error="sandbox creation failed")
+    view = await machine.ask(sid, "resume")
+    assert view["status"] == "active" and "error" not in view
+    row = await machine.row(sid)
+    assert (row.status, row.error) == ("active", None)
+
+
+async def test_a_creation_failure_of_any_kind_leaves_the_session_in_error(machine: Machine) -> None:
+    # The session's environment was encrypted under another key (the server's key was replaced):
+    # decrypting it fails with the cipher's own exception, not a ServiceError.
+    foreign = Cipher(bytes(32)).encrypt_json({"TOKEN": "x"}, b"whatever")
+    with pytest.raises(ServiceError) as failed:
+        await machine.create(env=foreign)
+    assert failed.value.status_code == 500
+    [row] = await machine.sessions.list(TENANT, "helper")
+    assert row.status == "error" and row.error is not None
+    assert failed.value.message.startswith("Sandbox creation failed") and "server log" in row.error
+    assert await machine.lifecycle(row.id) == ["error"]
+    assert machine.counts() == {}  # nothing was claimed
+
+
+async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
+    (machine.launcher.root / "agent-gone").mkdir(parents=True)
+    machine.agents["gone"] = AgentView("a2", "gone", 1, str(machine.launcher.root / "agent-gone"), None, {}, False)
+    with pytest.raises(ServiceError) as failed:  # no AGENT.md: the copy into the workspace refuses
+        await machine.create("gone")
+    assert failed.value.status_code == 500 and "AGENT.md" in failed.value.message
+    [row] = await machine.sessions.list(TENANT, "gone")
+    assert (row.status, row.error) == ("error", failed.value.message)
+    wait_for(lambda: machine.counts() == {}, T, "the failed session's sandbox released")
+
+
+async def test_a_turn_blocks_pause_and_a_second_turn(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    assert machine.counts() == {"running": 1}
+    assert (await machine.refused(sid, "pause")).status_code == 409
+    assert (await machine.refused(sid, "begin_turn", "again", None)).status_code == 409
+    assert await machine.ask(sid, "running_turn") == ticket.query_id
+    await machine.ask(sid, "end_turn", "q-not-this-one")  # a stale end changes nothing
+    assert await machine.ask(sid, "running_turn") == ticket.query_id
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    assert machine.counts() == {"waiting": 1}
+    assert (await machine.ask(sid, "pause"))["status"] == "paused"
+
+
+async def test_a_lost_sandbox_pauses_an_idle_session_and_not_a_turn(machine: Machine) -> None:
+    idle, view = await machine.create()
+    busy, busy_view = await machine.create()
+    await machine.ask(busy, "begin_turn", "hello", None)
+    await machine.ask(idle, "sandbox_lost", SandboxLost(idle, "sb-other", LossReason.IDLE, "idle timeout"))
+    assert (await machine.row(idle)).status == "active"  # another sandbox's loss: not this session's
+    await machine.ask(idle, "sandbox_lost", SandboxLost(idle, view["sandboxId"], LossReason.IDLE, "idle timeout"))
+    assert (await machine.row(idle)).status == "paused"
+    await machine.ask(busy, "sandbox_lost",
+                      SandboxLost(busy, busy_view["sandboxId"], LossReason.EXITED, "killed by signal 9"))
+    assert (await machine.row(busy)).status == "active"  # the turn reports the crash itself
+    assert await machine.ask(busy, "retirable") is False  # the turn still holds it
+
+
+async def test_a_dead_sandbox_is_replaced_at_the_next_turn(machine: Machine) -> None:
+    sid, view = await machine.create()
+    machine.launcher.procs[view["sandboxId"]].popen.kill()
+    wait_for(lambda: not machine.pool.is_alive(view["sandboxId"]).get(timeout=T), T, "the sandbox dead")
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    assert ticket.sandbox_id != view["sandboxId"]
+    assert machine.launcher.procs[ticket.sandbox_id].poll() is None
