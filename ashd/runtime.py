@@ -23,6 +23,9 @@ from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session_deps import SessionDeps
 from ashd.actors._sessions import SessionRegistry
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.actors._turn import TurnLimits
+from ashd.backends import LocalBackend, TurnDriver
+from ashd.backends._local import snapshot_reader
 from ashd.logs import emit_line
 from ashd.sandboxing import LauncherConfig, SandboxLauncher, SandboxLimits, SandboxSpec
 from ashd.sandboxing._model_proxy import ModelProxy
@@ -171,7 +174,17 @@ async def start(services: Services) -> list[tuple[str, StopStep]]:
     registry = SessionRegistry(deps)
     registry_holder["r"] = registry
     services.sessions = registry
-    stops.append(("session actors", registry.stop_all))
+    services.model_proxy = model_proxy
+
+    async def exit_info(sandbox_id: str) -> Any:
+        return await call(pool_proxy.exit_info(sandbox_id), settings.actor_timeout_seconds)
+
+    driver = TurnDriver(sessions, TurnLimits(settings.turn_max_stored_mb * 1024 * 1024, settings.turn_max_events,
+                                             settings.storage_retry_seconds),
+                        services.metrics, model_proxy, usage, exit_info, settings.debug_timing)
+    backend = LocalBackend(registry, driver, snapshot_reader(snapshots, settings.actor_timeout_seconds))
+    services.backend = backend
+    stops.append(("session actors", backend.close))
 
     async def stop_pool() -> None:
         await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=settings.actor_timeout_seconds))
@@ -253,11 +266,11 @@ def _sandbox_owner() -> tuple[int, int] | None:
 
 async def drain(services: Services) -> None:
     """Graceful shutdown: running turns get `shutdown_grace_seconds` to finish and be stored."""
-    registry = services.sessions
-    if registry is None:
+    backend = services.backend
+    if backend is None:
         return
     deadline = asyncio.get_running_loop().time() + services.settings.shutdown_grace_seconds
     while asyncio.get_running_loop().time() < deadline:
-        if await registry.running_count() == 0:
+        if await backend.running_turns() == 0:
             return
         await asyncio.sleep(0.1)

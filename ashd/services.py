@@ -14,6 +14,7 @@ from ashd.storage._apikeys import ApiKeys
 from ashd.storage._crypto import Cipher
 
 if TYPE_CHECKING:
+    from ashd.backends import SessionBackend
     from ashd.http._auth import KeyCache
     from ashd.http._ratelimit import RateLimiter
     from ashd.metrics import Metrics
@@ -41,6 +42,8 @@ class Services:
     isolation: Any = None
     pool: Any = None
     sessions: Any = None
+    backend: SessionBackend | None = None  # where sessions run: the one way in for the HTTP layer
+    model_proxy: Any = None  # ModelProxy: the sandboxes' model traffic, metered and recorded
     snapshots: Any = None
     runners: Any = None
     data_space: DataDirSpace | None = None  # free space on the data dir (reserve, /health, metrics)

@@ -6,10 +6,10 @@ import logging
 
 from aiohttp import web
 
-from ashd.errors import SandboxError
 from ashd.http._json import ok, query_int, tenant
 from ashd.http._keys import SERVICES
 from ashd.storage._model_calls import list_model_calls
+from ashd.storage._sessions import Sessions
 
 routes = web.RouteTableDef()
 log = logging.getLogger(__name__)
@@ -18,13 +18,11 @@ log = logging.getLogger(__name__)
 @routes.get("/api/sessions/{id}/model-calls")
 async def model_calls(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    if services.sessions is None:
-        raise SandboxError("sessions are not available on this server")
     ten, sid = tenant(request), request.match_info["id"]
-    await services.sessions.deps.sessions.get(ten, sid)  # 404 for unknown or another tenant's session
+    await Sessions(services.db).get(ten, sid)  # 404 for unknown or another tenant's session
     limit = query_int(request, "limit", 100, 1, 1000)
     after = query_int(request, "after", 0, 0, 2**62)
-    proxy = services.sessions.deps.model_proxy
+    proxy = services.model_proxy
     if proxy is not None:
         try:
             await proxy.flush()  # calls that just finished are listed too
