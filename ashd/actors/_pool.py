@@ -221,11 +221,6 @@ class PoolActor(AioActor):
             entry.last_active = time.monotonic()
             self._publish()
 
-    def touch(self, sandbox_id: str) -> None:
-        entry = self._entries.get(sandbox_id)
-        if entry is not None:
-            entry.last_active = time.monotonic()
-
     def count_resume(self, path: str) -> None:
         self._counters["resumeWarmHits" if path == "warm" else "resumeColdHits"] += 1
         self._publish()

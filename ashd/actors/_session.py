@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ashd.actors._aio import AioActor
+from ashd.actors._aio import AioActor, spawn_on_loop
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.errors import BadRequest, Conflict, DiskQuotaExceeded, Gone, SandboxError, ServiceError, StorageFull
@@ -237,10 +237,10 @@ class SessionActor(AioActor):
         self.handle = None
         conn, self.conn = self.conn, None
         if conn is not None:
-            self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(conn.close()))
+            spawn_on_loop(self.deps.loop, conn.close(), "closing a lost sandbox's bridge connection")
         proxy = self.deps.model_proxy
         if proxy is not None:  # the socket goes, and the calls it still answered are stored
-            self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(proxy.stop_for(lost.sandbox_id)))
+            spawn_on_loop(self.deps.loop, proxy.stop_for(lost.sandbox_id), "detaching a lost sandbox's model proxy")
         if self._row().status == "active" and self.turn is None:
             self.row = self._transition("paused", "paused", extra={"reason": lost.reason.value,
                                                                   "detail": lost.detail})

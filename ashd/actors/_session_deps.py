@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ashd.actors._aio import run_on_loop
 from ashd.storage._sessions import Sessions
 
 T = TypeVar("T")
@@ -35,8 +36,8 @@ class SessionDeps:
     seccomp_profile: Callable[[str, str], str] = lambda _tenant, _agent: "default"
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run a coroutine on the event loop from an actor thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout or self.ask_timeout)
+        """Run a coroutine on the event loop from the actor's thread and wait for its result."""
+        return run_on_loop(self.loop, coro, timeout or self.ask_timeout)
 
 
 @dataclass(frozen=True)

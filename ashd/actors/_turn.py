@@ -119,7 +119,6 @@ class TurnRecorder:
         self._events: list[EventRecord] = []
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self._changed = asyncio.Event()
         self.last_sequence = 0
         self.result: dict[str, Any] | None = None
         self.tool_calls = 0
@@ -256,14 +255,9 @@ class TurnRecorder:
                 raise
             if events:
                 self.last_sequence = max(self.last_sequence, events[-1].sequence)
-            self._changed.set()
-            self._changed = asyncio.Event()
 
     async def close(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
         await self.flush()
-
-    def changed(self) -> asyncio.Event:
-        return self._changed

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from ashd.errors import RateLimited, Unauthorized
-from ashd.http._keys import KEY_ID, SERVICES, TENANT
+from ashd.http._keys import COMPONENTS, KEY_CACHE, KEY_ID, RATE_LIMITER, TENANT
 from ashd.http._ratelimit import RateLimiter
 from ashd.storage._apikeys import KeyIdentity
 
@@ -68,23 +68,24 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     path = request.path
     if is_public(path):
         return await handler(request)
-    services = request.app[SERVICES]
+    components = request.app[COMPONENTS]
     if path.startswith("/api/internal/"):
         # Always required: the server has a secret even when SERVICE_INTERNAL_SECRET is unset
         # (generated into the data dir at first start), so these endpoints are never open.
-        secret = services.internal_secret
+        secret = components.internal_secret
         token = bearer(request)
         if not secret or not hmac.compare_digest(token.encode(), secret.encode()):
             raise Unauthorized("Invalid internal secret")
         return await handler(request)
     token = bearer(request)
-    identity = services.key_cache.get(token)
+    cache = request.app[KEY_CACHE]
+    identity = cache.get(token)
     if identity is None:
-        identity = await services.api_keys.verify(token)
+        identity = await components.api_keys.verify(token)
         if identity is None:
             raise Unauthorized("Invalid API key")
-        services.key_cache.put(token, identity)
-    limiter: RateLimiter = services.rate_limiter
+        cache.put(token, identity)
+    limiter = request.app[RATE_LIMITER]
     wait = limiter.take(identity.key_id)
     if wait > 0:
         raise RateLimited(

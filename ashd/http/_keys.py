@@ -6,13 +6,16 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ashd.errors import SandboxError
-
 if TYPE_CHECKING:
     from ashd.backends import SessionBackend
-    from ashd.services import Services
+    from ashd.components import Components
+    from ashd.http._auth import KeyCache
+    from ashd.http._ratelimit import RateLimiter
 
-SERVICES: web.AppKey[Services] = web.AppKey("services")
+COMPONENTS: web.AppKey[Components] = web.AppKey("components")
+# The HTTP layer's own state, made by `build_app`.
+KEY_CACHE: web.AppKey[KeyCache] = web.AppKey("key_cache")
+RATE_LIMITER: web.AppKey[RateLimiter] = web.AppKey("rate_limiter")
 
 # Per-request values set by the auth middleware.
 TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
@@ -20,8 +23,5 @@ KEY_ID: web.RequestKey[str] = web.RequestKey("key_id", str)
 
 
 def backend(request: web.Request) -> SessionBackend:
-    """Where this server's sessions run; 503 on a server that runs none."""
-    found = request.app[SERVICES].backend
-    if found is None:
-        raise SandboxError("sessions are not available on this server")
-    return found
+    """Where this server's sessions run."""
+    return request.app[COMPONENTS].sessions

@@ -11,7 +11,7 @@ from aiohttp import web
 from ashd.backends import Message
 from ashd.errors import BadRequest
 from ashd.http._json import body_object, opt_str, tenant
-from ashd.http._keys import SERVICES, backend
+from ashd.http._keys import COMPONENTS, backend
 from ashd.http._sse import SseSink
 
 routes = web.RouteTableDef()
@@ -53,7 +53,7 @@ async def send_message(request: web.Request) -> web.StreamResponse:
     if not isinstance(partial, bool):
         raise BadRequest("`includePartialMessages` must be a boolean")
     budget = _budget(body)
-    await request.app[SERVICES].tenant_storage.require_room(tenant(request), "a new message")
+    await request.app[COMPONENTS].tenant_storage.require_room(tenant(request), "a new message")
     turn = await sessions.message(tenant(request), request.match_info["id"],
                                   Message(content, model, partial, budget))
     # A client that goes away only ends its own stream: the turn runs on and is stored (replayable).

@@ -19,8 +19,7 @@ from ashd.http._json import (
     req_str,
     tenant,
 )
-from ashd.http._keys import SERVICES, backend
-from ashd.storage._agents import resolve_agent
+from ashd.http._keys import COMPONENTS, backend
 from ashd.storage._models import new_id
 from ashd.storage._sessions import Sessions, session_json
 
@@ -31,7 +30,7 @@ EVENT_TYPES = ("text", "tool_start", "tool_result", "reasoning", "error", "turn_
 
 def _stored(request: web.Request) -> Sessions:
     """The session records (listings read them directly: they are the same wherever a session runs)."""
-    return Sessions(request.app[SERVICES].db)
+    return Sessions(request.app[COMPONENTS].db)
 
 
 def _mcp_servers(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -92,15 +91,15 @@ def _create_config(body: dict[str, Any]) -> dict[str, Any]:
 
 @routes.post("/api/sessions")
 async def create_session(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
+    components = request.app[COMPONENTS]
     sessions = backend(request)
     body = await body_object(request)
     agent_name = req_str(body, "agent", max_len=255)
     ten = tenant(request)
-    agent = await resolve_agent(services, ten, agent_name)  # 404 before anything is written
-    await services.tenant_storage.require_room(ten, "a new session")
+    agent = await components.agents.resolve(ten, agent_name)  # 404 before anything is written
+    await components.tenant_storage.require_room(ten, "a new session")
     config = _create_config(body)
-    max_disk = services.settings.sandbox_disk_max_mb
+    max_disk = components.settings.sandbox_disk_max_mb
     disk_mb = opt_disk_mb(body, max_disk) or agent.disk_mb
     if disk_mb is not None:
         if disk_mb > max_disk:  # the operator lowered the maximum after the agent was deployed
@@ -109,15 +108,13 @@ async def create_session(request: web.Request) -> web.Response:
         config["diskMb"] = disk_mb  # pinned: a cold resume gets the same size whatever the agent says later
     credential_id = opt_str(body, "credentialId", max_len=64)
     if credential_id is not None:
-        from ashd.storage._credentials import Credentials
-
-        await Credentials.of(services).get(ten, credential_id)  # 404 for unknown or other tenant
+        await components.credentials.get(ten, credential_id)  # 404 for unknown or other tenant
     extra_env = opt_str_map(body, "extraEnv")
     session_id = new_id()
     encrypted = None
     if extra_env:
         config["extraEnvKeys"] = sorted(extra_env)
-        encrypted = services.cipher.encrypt_json(extra_env, session_id.encode())
+        encrypted = components.cipher.encrypt_json(extra_env, session_id.encode())
     new = NewSession(session_id=session_id, tenant=ten, agent_name=agent_name, agent=agent,
                      model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id,
                      encrypted_env=encrypted)
