@@ -22,8 +22,7 @@ def _serve() -> int:
 
 
 def _keys_create(tenant: str, label: str | None) -> int:
-    from ashd.storage import Database
-    from ashd.storage._apikeys import ApiKeys
+    from ashd.storage import ApiKeys, Database
 
     settings = load_settings()
 

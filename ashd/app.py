@@ -22,13 +22,17 @@ from ashd.components import Components, coordinator_id
 from ashd.config import Settings
 from ashd.http import build_app, configuration_warnings
 from ashd.metrics import Metrics
-from ashd.storage import Database
-from ashd.storage._agents import Agents
-from ashd.storage._apikeys import ApiKeys
-from ashd.storage._credentials import Credentials
-from ashd.storage._crypto import Cipher, load_or_create_key
-from ashd.storage._diskspace import MIB, DataDirSpace
-from ashd.storage._holdings import TenantStorage
+from ashd.storage import (
+    MIB,
+    Agents,
+    ApiKeys,
+    Cipher,
+    Credentials,
+    Database,
+    DataDirSpace,
+    TenantStorage,
+    load_or_create_key,
+)
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]

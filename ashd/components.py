@@ -16,15 +16,8 @@ from ashd.backends import SessionBackend
 from ashd.config import Settings
 from ashd.metrics import Metrics
 from ashd.runtime import LocalSessions
-from ashd.sandboxing import IsolationReport
-from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.storage import Database
-from ashd.storage._agents import Agents
-from ashd.storage._apikeys import ApiKeys
-from ashd.storage._credentials import Credentials
-from ashd.storage._crypto import Cipher
-from ashd.storage._diskspace import DataDirSpace
-from ashd.storage._holdings import TenantStorage
+from ashd.sandboxing import IsolationReport, ModelProxy
+from ashd.storage import Agents, ApiKeys, Cipher, Credentials, Database, DataDirSpace, TenantStorage
 
 
 def coordinator_id() -> str:

@@ -18,31 +18,36 @@ from typing import Any
 
 import pykka
 
-from ashd.actors._aio import call, stop_actor, tell_loop
-from ashd.actors._board import StatsBoard
-from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
-from ashd.actors._pool_types import SandboxLost
-from ashd.actors._session_deps import SessionDeps
-from ashd.actors._sessions import SessionRegistry
-from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
-from ashd.actors._turn import TurnLimits
-from ashd.actors._warmer import Warmer
-from ashd.backends import LocalBackend, SessionBackend, TurnDriver
-from ashd.backends._local import snapshot_reader
+from ashd.actors import (
+    PoolActor,
+    PoolConfig,
+    SandboxLost,
+    SessionDeps,
+    SessionRegistry,
+    SnapshotActor,
+    StatsBoard,
+    TurnLimits,
+    Warmer,
+    call,
+    default_capacity,
+    snapshot_proxy,
+    stop_actor,
+    tell_loop,
+)
+from ashd.backends import LocalBackend, SessionBackend, TurnDriver, snapshot_reader
 from ashd.config import Settings
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
-from ashd.sandboxing import LauncherConfig, SandboxLauncher, SandboxLimits, SandboxSpec
-from ashd.sandboxing._layout import SANDBOX_GID, SANDBOX_UID
-from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.storage import Database
-from ashd.storage._agents import Agents
-from ashd.storage._credentials import Credentials
-from ashd.storage._crypto import Cipher
-from ashd.storage._models import iso, utcnow
-from ashd.storage._sessions import Sessions
-from ashd.storage._snapshots import SnapshotBoard
-from ashd.storage._usage import record_usage
+from ashd.sandboxing import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    LauncherConfig,
+    ModelProxy,
+    SandboxLauncher,
+    SandboxLimits,
+    SandboxSpec,
+)
+from ashd.storage import Agents, Cipher, Credentials, Database, Sessions, SnapshotBoard, iso, record_usage, utcnow
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -159,7 +164,7 @@ async def _start_launcher(settings: Settings, stops: list[tuple[str, StopStep]])
 def _start_snapshots(settings: Settings, board: SnapshotBoard, stops: list[tuple[str, StopStep]]) -> Any:
     remote = None
     if settings.snapshot_url:
-        from ashd.storage._snapshots_stores import store_from_url
+        from ashd.storage import store_from_url
 
         remote = store_from_url(settings.snapshot_url, settings.snapshots_keep)
     ref = SnapshotActor.start(settings.data_path / "snapshots", remote, keep=settings.snapshots_keep,
@@ -247,8 +252,8 @@ def _usage_recorder(db: Database) -> Callable[[str, str, str, dict[str, float]],
 
 def _model_proxy(parts: StorageParts) -> ModelProxy:
     """The proxy meters into the configured database, like every other usage record."""
-    from ashd.sandboxing._model_policy import ModelPolicy
-    from ashd.storage._model_calls import session_spend, store_model_calls, tenant_spend
+    from ashd.sandboxing import ModelPolicy
+    from ashd.storage import session_spend, store_model_calls, tenant_spend
 
     db, settings = parts.db, parts.settings
     return ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",

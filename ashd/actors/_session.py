@@ -18,11 +18,8 @@ from ashd.actors._aio import AioActor, spawn_on_loop
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.errors import BadRequest, Conflict, DiskQuotaExceeded, Gone, SandboxError, ServiceError, StorageFull
-from ashd.sandboxing._agent_setup import prepare_workspace
-from ashd.storage._failures import log_failure, storage_failure
-from ashd.storage._models import Session
-from ashd.storage._sessions import session_json
-from ashd.storage._snapshots import SnapshotTooLarge
+from ashd.sandboxing import prepare_workspace
+from ashd.storage import Session, SnapshotTooLarge, log_failure, session_json, storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +121,7 @@ class SessionActor(AioActor):
         try:
             binding = None
             if deps.model_proxy is not None:
-                from ashd.sandboxing._model_policy import ModelBinding, session_models
+                from ashd.sandboxing import ModelBinding, session_models
 
                 # Who pays for the sandbox's model calls, and which models its turns may use. The key
                 # never enters the sandbox: the model proxy adds it.
@@ -175,7 +172,7 @@ class SessionActor(AioActor):
 
     async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
         """One trip to the loop: the model proxy binding and socket, the bridge connection and its init."""
-        from ashd.sandboxing._bridge_client import BridgeConnection
+        from ashd.sandboxing import BridgeConnection
 
         if binding is not None:
             self.deps.model_proxy.bind(handle.sandbox_id, binding)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ashd.actors._aio import run_on_loop
-from ashd.storage._sessions import Sessions
+from ashd.storage import Sessions
 
 T = TypeVar("T")
 

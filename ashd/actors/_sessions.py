@@ -18,7 +18,7 @@ from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.errors import Unavailable
-from ashd.storage._models import Session, new_id
+from ashd.storage import Session, new_id
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class SessionRegistry:
             if view["tenantId"] == tenant:
                 self._remember(session_id, view, epoch)
                 return view
-        from ashd.storage._sessions import session_json
+        from ashd.storage import session_json
 
         return session_json(await self.deps.sessions.get(tenant, session_id))
 

@@ -29,10 +29,13 @@ from pykka.typing import ActorMemberMixin, proxy_method
 
 from ashd.actors._aio import AioActor
 from ashd.errors import ServiceError
-from ashd.storage._snapshots import (
+from ashd.storage import (
     DEFAULT_KEEP,
+    LocalSnapshotStore,
     SnapshotBoard,
     SnapshotInfo,
+    SnapshotReader,
+    SnapshotStore,
     info_for,
     latest_local,
     prune,
@@ -40,8 +43,6 @@ from ashd.storage._snapshots import (
     restore_workspace,
     snapshot_workspace,
 )
-from ashd.storage._snapshots_reader import SnapshotReader
-from ashd.storage._snapshots_stores import LocalSnapshotStore, SnapshotStore
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ashd.errors import StorageError
-from ashd.storage._sessions import EventRecord, Sessions
+from ashd.storage import EventRecord, Sessions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

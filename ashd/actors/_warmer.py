@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from ashd.actors._aio import tell_loop
-from ashd.sandboxing._types import SandboxPaths
+from ashd.sandboxing import SandboxPaths
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Warmer:
             self._ready[sandbox_id] = self._loop.create_task(self._connect(sandbox_id, paths))
 
     async def _connect(self, sandbox_id: str, paths: SandboxPaths) -> Any:
-        from ashd.sandboxing._bridge_client import BridgeConnection
+        from ashd.sandboxing import BridgeConnection
 
         if self._proxy is not None:
             await self._proxy.start_for(sandbox_id, paths.model_socket)

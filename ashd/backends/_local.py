@@ -9,9 +9,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ashd.actors._aio import call
-from ashd.actors._session_deps import CreateRequest, TurnTicket
-from ashd.actors._sessions import SessionRegistry
+from ashd.actors import CreateRequest, SessionRegistry, TurnTicket, call
 from ashd.backends._protocol import Files, Frame, Message, NewSession, SessionView, Turn
 from ashd.backends._stream import TurnStream
 from ashd.backends._turn_driver import TurnDriver
@@ -104,7 +102,7 @@ class LocalBackend:
 
     # --- files ---------------------------------------------------------------------------------
     async def files(self, tenant: str, session_id: str) -> Files:
-        from ashd.storage._files import DirectoryReader
+        from ashd.storage import DirectoryReader
 
         workspace = await self._registry.workspace(tenant, session_id)  # 404 for unknown or other tenant
         if workspace is not None and Path(workspace).is_dir():

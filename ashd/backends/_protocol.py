@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ashd.storage._files import FileSource
+from ashd.storage import FileSource
 
 SessionView = dict[str, Any]  # the interface's Session object
 

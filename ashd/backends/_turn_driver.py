@@ -16,17 +16,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ashd.actors._session_deps import TurnTicket
-from ashd.actors._turn import TurnLimitReached, TurnLimits, TurnRecorder, retrying
+from ashd.actors import TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket, retrying
 from ashd.backends._model_turn import ModelTurn
 from ashd.backends._protocol import Message
 from ashd.errors import SandboxError, StorageError
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
-from ashd.sandboxing._meter import LimitNotice
-from ashd.sandboxing._model_budget import TurnSummary
-from ashd.storage._models import iso, utcnow
-from ashd.storage._sessions import Sessions
+from ashd.sandboxing import LimitNotice, TurnSummary
+from ashd.storage import Sessions, iso, utcnow
 
 log = logging.getLogger(__name__)
 

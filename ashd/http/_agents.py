@@ -12,9 +12,7 @@ from ashd.http._file_response import send_file
 from ashd.http._json import body_object, ok, opt_disk_mb, opt_str, opt_str_map, req_str, tenant
 from ashd.http._keys import COMPONENTS
 from ashd.http._uploads import files_from_body
-from ashd.storage import _files
-from ashd.storage._agent_paths import AgentFolderReader
-from ashd.storage._agents import KEEP, Agents
+from ashd.storage import KEEP, AgentFolderReader, Agents, check_relative_path
 
 routes = web.RouteTableDef()
 
@@ -99,9 +97,9 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     fmt = request.query.get("format", "json")
     if fmt == "json":
         content = await asyncio.to_thread(reader.read_for_json, rel)
-        return ok({"path": _files.check_relative_path(rel), "content": content, "size": len(content.encode())})
+        return ok({"path": check_relative_path(rel), "content": content, "size": len(content.encode())})
     if fmt != "raw":
         raise BadRequest("query `format` must be `json` or `raw`")
-    cleaned = _files.check_relative_path(rel)
+    cleaned = check_relative_path(rel)
     stream, size = await asyncio.to_thread(reader.open_file, cleaned)
     return await send_file(request, stream, size, cleaned)

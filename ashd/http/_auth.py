@@ -16,7 +16,7 @@ from aiohttp.typedefs import Handler
 from ashd.errors import RateLimited, Unauthorized
 from ashd.http._keys import COMPONENTS, KEY_CACHE, KEY_ID, RATE_LIMITER, TENANT
 from ashd.http._ratelimit import RateLimiter
-from ashd.storage._apikeys import KeyIdentity
+from ashd.storage import KeyIdentity
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/",)

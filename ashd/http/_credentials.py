@@ -7,7 +7,7 @@ from aiohttp import web
 from ashd.errors import BadRequest
 from ashd.http._json import body_object, ok, opt_str, tenant
 from ashd.http._keys import COMPONENTS
-from ashd.storage._credentials import Credentials
+from ashd.storage import Credentials
 
 routes = web.RouteTableDef()
 

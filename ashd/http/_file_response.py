@@ -8,7 +8,7 @@ from typing import BinaryIO
 
 from aiohttp import web
 
-from ashd.storage import _files
+from ashd.storage import check_raw_size, content_disposition, mime_type
 
 _CHUNK = 256 * 1024
 
@@ -21,10 +21,10 @@ async def send_file(request: web.Request, stream: BinaryIO, size: int, rel: str,
     `size`, the Content-Length already sent.
     """
     try:
-        _files.check_raw_size(size)
+        check_raw_size(size)
         resp = web.StreamResponse(headers={
-            "Content-Type": _files.mime_type(rel),
-            "Content-Disposition": _files.content_disposition(rel),
+            "Content-Type": mime_type(rel),
+            "Content-Disposition": content_disposition(rel),
             "Content-Length": str(size),
             **(headers or {}),
         })

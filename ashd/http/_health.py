@@ -11,8 +11,7 @@ from ashd.config import Settings
 from ashd.http._json import ok
 from ashd.http._keys import COMPONENTS
 from ashd.metrics import CONTENT_TYPE
-from ashd.storage import Session
-from ashd.storage._apikeys import ApiKeys
+from ashd.storage import ApiKeys, Session
 
 routes = web.RouteTableDef()
 
@@ -25,7 +24,7 @@ async def active_sessions(components: Components) -> int:
 
 async def configuration_warnings(settings: Settings, api_keys: ApiKeys) -> list[str]:
     """Configuration an operator should fix, also logged at start (`ashd.app`)."""
-    from ashd.storage._agent_paths import roots_warning
+    from ashd.storage import roots_warning
 
     found = roots_warning(bool(settings.agent_root_paths), await api_keys.has_other_tenants())
     return [found] if found else []

@@ -9,7 +9,7 @@ from aiohttp import web
 from ashd.errors import BadRequest
 from ashd.http._json import body_object, ok, req_str
 from ashd.http._keys import COMPONENTS
-from ashd.storage._runners import Runners
+from ashd.storage import Runners
 
 routes = web.RouteTableDef()
 

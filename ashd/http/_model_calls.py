@@ -8,8 +8,7 @@ from aiohttp import web
 
 from ashd.http._json import ok, query_int, tenant
 from ashd.http._keys import COMPONENTS
-from ashd.storage._model_calls import list_model_calls
-from ashd.storage._sessions import Sessions
+from ashd.storage import Sessions, list_model_calls
 
 routes = web.RouteTableDef()
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from ashd.errors import BadRequest
 from ashd.http._file_response import send_file
 from ashd.http._json import ok, tenant
 from ashd.http._keys import backend
-from ashd.storage import _files
+from ashd.storage import check_relative_path
 
 routes = web.RouteTableDef()
 
@@ -33,7 +33,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     fmt = request.query.get("format", "raw")
     if fmt not in ("raw", "json"):
         raise BadRequest("query `format` must be `raw` or `json`")
-    _files.check_relative_path(rel)
+    check_relative_path(rel)
     files = await backend(request).files(tenant(request), request.match_info["id"])
     try:
         if fmt == "json":

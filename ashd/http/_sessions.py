@@ -20,8 +20,7 @@ from ashd.http._json import (
     tenant,
 )
 from ashd.http._keys import COMPONENTS, backend
-from ashd.storage._models import new_id
-from ashd.storage._sessions import Sessions, session_json
+from ashd.storage import Sessions, new_id, session_json
 
 routes = web.RouteTableDef()
 PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from ashd.http._json import ok, query_int, tenant
 from ashd.http._keys import COMPONENTS
-from ashd.storage._usage import UsageFilter, list_usage, parse_time, usage_stats
+from ashd.storage import UsageFilter, list_usage, parse_time, usage_stats
 
 routes = web.RouteTableDef()
 

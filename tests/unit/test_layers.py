@@ -12,6 +12,9 @@
 `ashd.bridge` runs inside the sandbox: it imports nothing of the server, only itself and the
 shared leaves (`ashd`, `ashd.pricing`, `ashd.model_names`). Imports under `TYPE_CHECKING` and
 inside functions count: they are dependencies all the same.
+
+A package's `_private` modules are its own: other packages import what its `__init__` names in
+`__all__` (the check is per top-level package: `ashd.storage`, `ashd.actors`, ...).
 """
 
 from __future__ import annotations
@@ -59,10 +62,25 @@ def imports_of(source: str) -> list[str]:
     return found
 
 
+def _package(module: str) -> str:
+    """The top-level package of an `ashd` module (`ashd.storage._files` -> `ashd.storage`)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _private_elsewhere(module: str, target: str) -> bool:
+    """`target` is a private module of another top-level package than `module`'s."""
+    parts = target.split(".")
+    return (_package(target) != _package(module) and len(parts) > 2
+            and any(part.startswith("_") for part in parts[2:]))
+
+
 def violations(module: str, source: str) -> list[str]:
     out: list[str] = []
     own = layer_of(module)
     for target in imports_of(source):
+        if _private_elsewhere(module, target):
+            out.append(f"{module} imports {target}, a private module of {_package(target)}: import what "
+                       f"{_package(target)}.__all__ names instead")
         if _within(module, "ashd.bridge"):
             if not (target == "ashd" or any(_within(target, p) for p in BRIDGE_MAY_IMPORT)):
                 out.append(f"{module} imports {target}: the bridge runs in the sandbox and imports nothing "
@@ -95,10 +113,13 @@ def test_the_check_catches_forbidden_imports() -> None:
     assert violations("ashd.bridge._server", "from ashd.storage import Database\n")
     assert violations("ashd.bridge.engine._loop", "from ashd.errors import BadRequest\n")
     assert violations("ashd.runtime", "from ashd.http import build_app\n")
+    assert violations("ashd.http._sessions", "from ashd.storage._sessions import Sessions\n")
+    assert violations("ashd.runtime", "from ashd.actors._pool import PoolActor\n")
 
 
 def test_the_check_allows_imports_downwards_and_within_a_layer() -> None:
     assert violations("ashd.http._sessions", "from ashd.backends import NewSession\n") == []
-    assert violations("ashd.sandboxing._agent_setup", "from ashd.storage._agent_paths import open_dir\n") == []
+    assert violations("ashd.sandboxing._agent_setup", "from ashd.storage import open_dir\n") == []
     assert violations("ashd.bridge.engine._loop", "from ashd.pricing import PriceTable\nimport ashd\n") == []
     assert violations("ashd.app", "from ashd.http import build_app\n") == []
+    assert violations("ashd.storage._agents", "from ashd.storage._agent_paths import open_dir\n") == []
