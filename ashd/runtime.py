@@ -34,7 +34,7 @@ from ashd.actors import (
     stop_actor,
     tell_loop,
 )
-from ashd.backends import LocalBackend, SessionBackend, TurnDriver, snapshot_reader
+from ashd.backends import BundleConfig, LocalBackend, SessionBackend, TurnDriver, latest_snapshot, snapshot_reader
 from ashd.config import Settings
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
@@ -137,8 +137,10 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]]) -> Local
     pool = await _start_pool(settings, launcher, snapshots, lost, warmer)
     registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer))
     lost.registry = registry
+    bundles = BundleConfig(Path(settings.data_dir), settings.snapshot_max_mb * 1024 * 1024,
+                           latest_snapshot(snapshots, settings.actor_timeout_seconds))
     backend = LocalBackend(registry, _turn_driver(parts, sessions, pool.proxy, model_proxy),
-                           snapshot_reader(snapshots, settings.actor_timeout_seconds))
+                           snapshot_reader(snapshots, settings.actor_timeout_seconds), bundles)
     stops.append(("session actors", backend.close))
 
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.

@@ -21,7 +21,7 @@ from ashd.sandboxing._agent_setup import copy_agent
 from ashd.storage._agent_paths import AgentPathPolicy
 
 
-def _percentiles(fn: Callable[[int], None], n: int) -> tuple[float, float]:
+def _percentiles(fn: Callable[[int], object], n: int) -> tuple[float, float]:
     times = []
     for i in range(n):
         start = time.perf_counter()

@@ -39,7 +39,7 @@ def show(name: str, ms: list[float]) -> None:
     print(f"{name:58s} n={len(ms):4d}  p50 {statistics.median(ms):8.3f} ms  p90 {pct(ms, 0.9):8.3f} ms")
 
 
-def in_child(fn: Callable[[], None]) -> float:
+def in_child(fn: Callable[[], object]) -> float:
     t = time.perf_counter()
     pid = os.fork()
     if pid == 0:
@@ -85,9 +85,17 @@ def main() -> None:
     program = _seccomp.SeccompPrograms.compile_all().program("default")
     bare: list[float] = []
     filtered: list[float] = []
+
+    def no_new_privs() -> None:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+    def no_new_privs_and_filter() -> None:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        install_seccomp(program)
+
     for _ in range(args.n):
-        bare.append(in_child(lambda: _prctl(PR_SET_NO_NEW_PRIVS, 1)))
-        filtered.append(in_child(lambda: (_prctl(PR_SET_NO_NEW_PRIVS, 1), install_seccomp(program))))
+        bare.append(in_child(no_new_privs))
+        filtered.append(in_child(no_new_privs_and_filter))
     show("fork + no_new_privs + exit", bare)
     show("fork + no_new_privs + seccomp filter + exit", filtered)
 
@@ -112,7 +120,7 @@ def main() -> None:
     for _ in range(max(10, args.n // 5)):
         for cmd, out in ((one, single), (None, double)):
             fd = _seccomp.program_fd(program)
-            argv = cmd or bwrap_argv(SYSTEM, {}, ["/bin/true"], network=False, seccomp_fd=fd)
+            argv = cmd or bwrap_argv(SYSTEM, {}, ["/bin/true"], netns=None, seccomp_fd=fd)
             t = time.perf_counter()
             subprocess.run(argv, check=True, pass_fds=(fd,), stdin=subprocess.DEVNULL)
             out.append((time.perf_counter() - t) * 1000)

@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """Session benchmarks against a real ashd process and the bundled fake model.
 
-Prints p50/p99 of: create (pre-warmed sandbox / no warm sandbox), GET, pause, warm resume,
-cold resume; the server CPU time per streamed frame; frames per second through one server with
-N concurrent sessions; memory held by a stalled stream. Everything runs on loopback and stops by
-itself. Usage: .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8]
+Prints p50/p99 of each row of the speed table (issue 13): create (pre-warmed sandbox), DELETE, GET,
+pause, warm resume, POST a message -> first `message` frame (instant model), 4 creates at once with
+no warm sandbox; then cold resume, create without a warm sandbox, the server CPU time per streamed
+frame, frames per second through one server with N concurrent sessions, and the memory held by a
+stalled stream. Everything runs on loopback, the server as a separate process, and stops by itself.
+
+    .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8]
+    .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--n 30]
+
+`--compare` runs the table's rows against another server of this interface in the same run,
+interleaved operation by operation with ashd (so both see the same machine load), and prints both
+p50s and their ratio. NAME is an agent already deployed there.
 """
 
 from __future__ import annotations
@@ -132,6 +140,83 @@ async def wait_warm(c: Client, want: int, timeout: float = 30) -> None:
         await asyncio.sleep(0.02)
 
 
+async def first_message_frame(c: Client, sid: str, content: str) -> float:
+    """ms from sending a message to the first `message` frame's data (the rest is read and dropped)."""
+    t0 = time.perf_counter()
+    first: float | None = None
+    async with c.http.post(f"{c.url}/api/sessions/{sid}/messages", headers=c.headers,
+                           json={"content": content}) as resp:
+        if resp.status >= 400:
+            raise RuntimeError(f"message: {resp.status} {await resp.text()}")
+        event = b""
+        async for raw in resp.content:
+            if first is None:
+                if raw.startswith(b"event:"):
+                    event = raw[6:].strip()
+                elif raw.startswith(b"data:") and event == b"message":
+                    first = (time.perf_counter() - t0) * 1000
+    return first if first is not None else (time.perf_counter() - t0) * 1000
+
+
+async def warm_if_known(c: Client) -> None:
+    """Wait for a warm sandbox where the server says how many it has (ashd's /health)."""
+    with contextlib.suppress(RuntimeError, KeyError, TypeError, aiohttp.ClientError):
+        await wait_warm(c, 1)
+
+
+TABLE = ("create session (pre-warmed sandbox)", "DELETE a session", "GET a session", "pause", "warm resume",
+         "message -> first message frame")
+
+
+async def table_round(c: Client, agent: str, out: dict[str, list[float]], gets: int) -> None:
+    """One pass over the table's per-session rows on one server."""
+    await warm_if_known(c)
+    ms, body = await timed(lambda: c.call("POST", "/api/sessions", {"agent": agent}))
+    out[TABLE[0]].append(ms)
+    sid = body["session"]["id"]
+    for _ in range(gets):
+        out[TABLE[2]].append((await timed(lambda: c.call("GET", f"/api/sessions/{sid}")))[0])
+    out[TABLE[5]].append(await first_message_frame(c, sid, "bench-instant"))
+    out[TABLE[3]].append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/pause")))[0])
+    out[TABLE[4]].append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
+    out[TABLE[1]].append((await timed(lambda: c.call("DELETE", f"/api/sessions/{sid}")))[0])
+
+
+async def concurrent_creates(c: Client, agent: str, rounds: int, at_once: int = 4) -> list[float]:
+    """`at_once` creates sent together on a server with no warm sandbox; each request's own time."""
+    times: list[float] = []
+    for _ in range(rounds):
+        results = await asyncio.gather(*(timed(lambda: c.call("POST", "/api/sessions", {"agent": agent}))
+                                         for _ in range(at_once)))
+        times.extend(ms for ms, _ in results)
+        for _, body in results:
+            await c.call("DELETE", f"/api/sessions/{body['session']['id']}")
+    return times
+
+
+async def compare(args: argparse.Namespace) -> None:
+    other_url, other_key = args.compare
+    async with fake_model() as model_url, aiohttp.ClientSession() as http:
+        await script_instant(http, model_url)
+        async with ashd_server(model_url, prewarm=2) as (url, key, _proc):
+            mine, theirs = Client(http, url, key), Client(http, other_url.rstrip("/"), other_key)
+            await mine.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
+            ours: dict[str, list[float]] = {row: [] for row in TABLE}
+            other: dict[str, list[float]] = {row: [] for row in TABLE}
+            for _ in range(args.n):  # interleaved: both servers see the same load
+                await table_round(mine, "bench", ours, gets=10)
+                await table_round(theirs, args.compare_agent, other, gets=10)
+            print(f"{'operation':<42} {'ashd p50':>10} {'other p50':>10} {'other/ashd':>11}")
+            for row in TABLE:
+                a, b = statistics.median(ours[row]), statistics.median(other[row])
+                print(f"{row:<42} {a:8.2f} ms {b:8.2f} ms {b / a:10.2f}x")
+
+
+async def script_instant(http: aiohttp.ClientSession, model_url: str) -> None:
+    await http.post(model_url + "/_fake/scripts", json={
+        "match": "bench-instant", "turns": [{"content": [{"type": "text", "text": "ok"}]}]})
+
+
 async def lifecycle(c: Client, n: int, prewarmed: bool) -> list[str]:
     label = "pre-warmed sandbox" if prewarmed else "no warm sandbox"
     creates, ids = [], []
@@ -152,24 +237,28 @@ async def main() -> None:
     parser.add_argument("--n", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--frames", type=int, default=2000, help="text deltas per streamed turn")
+    parser.add_argument("--compare", nargs=2, metavar=("URL", "KEY"),
+                        help="also run the table's rows against this server, interleaved")
+    parser.add_argument("--compare-agent", default="bench", help="an agent deployed on the --compare server")
     args = parser.parse_args()
+    if args.compare:
+        await compare(args)
+        return
     async with fake_model() as model_url, aiohttp.ClientSession() as http:
+        await script_instant(http, model_url)
         await http.post(model_url + "/_fake/scripts", json={
             "match": "bench-long", "turns": [{"content": [{"type": "text", "text": "x" * (8 * args.frames)}],
                                               "chunk": 8}]})
         async with ashd_server(model_url, prewarm=2) as (url, key, _proc):
             c = Client(http, url, key)
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
-            ids = await lifecycle(c, args.n, prewarmed=True)
-            sid = ids[-1]
-            gets = [(await timed(lambda: c.call("GET", f"/api/sessions/{sid}")))[0] for _ in range(args.n * 10)]
-            line("GET a session", gets)
-            pauses, warm = [], []
+            table: dict[str, list[float]] = {row: [] for row in TABLE}
             for _ in range(args.n):
-                pauses.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/pause")))[0])
-                warm.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
-            line("pause", pauses)
-            line("warm resume", warm)
+                await table_round(c, "bench", table, gets=10)
+            for row in TABLE:
+                line(row, table[row])
+            ids = await lifecycle(c, max(3, args.n // 3), prewarmed=True)
+            sid = ids[-1]
             cold = []
             for _ in range(max(5, args.n // 3)):
                 await c.call("POST", f"/api/sessions/{sid}/stop")
@@ -179,6 +268,7 @@ async def main() -> None:
             c = Client(http, url, key)
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
             await lifecycle(c, max(10, args.n // 2), prewarmed=False)
+            line("4 creates at once, no warm sandbox (each)", await concurrent_creates(c, "bench", max(3, args.n // 6)))
         async with ashd_server(model_url, prewarm=args.concurrency) as (url, key, proc):
             c = Client(http, url, key)
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})

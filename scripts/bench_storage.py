@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from sqlalchemy import insert
+from sqlalchemy.orm import Session as SyncSession
 
 from ashd.config import Settings
 from ashd.errors import PayloadTooLarge
@@ -39,13 +40,18 @@ async def holdings(tmp: Path) -> None:
     made = 0
     try:
         for target in (1_000, 10_000):
-            rows = [{"id": f"{i:08d}-0000-0000-0000-000000000000", "tenant_id": "t", "agent_name": "a",
-                     "config": "{}", "message_count": 10, "event_count": 30, "stored_bytes": 5000}
-                    for i in range(made, target)]
-            await db.run_tx(lambda s, rows=rows: s.execute(insert(Session), rows))
+            ids = [f"{i:08d}-0000-0000-0000-000000000000" for i in range(made, target)]
+            rows: list[dict[str, object]] = [
+                {"id": sid, "tenant_id": "t", "agent_name": "a", "config": "{}", "message_count": 10,
+                 "event_count": 30, "stored_bytes": 5000} for sid in ids]
+
+            def add(s: SyncSession, rows: list[dict[str, object]] = rows) -> None:
+                s.execute(insert(Session), rows)
+
+            await db.run_tx(add)
             made = target
             # Every session has snapshots (the costlier case: their ids are read for the board).
-            board._by_session.update({r["id"]: (3, 100_000) for r in rows})
+            board._by_session.update({sid: (3, 100_000) for sid in ids})
             times = []
             for _ in range(20):
                 t0 = time.perf_counter()

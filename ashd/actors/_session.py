@@ -7,6 +7,7 @@ on the event loop (`deps.run`); the actor thread waits for them, the loop never 
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import logging
 import time
@@ -36,6 +37,9 @@ class SessionActor(AioActor):
         self.handle: SandboxHandle | None = None
         self.conn: Any = None
         self.turn: TurnTicket | None = None
+        # Pause requests waiting for the running turn to be interrupted and stored (see `pause`).
+        self._pause_waiters: list[concurrent.futures.Future[dict[str, Any]]] = []
+        self._execs = 0  # commands of POST .../exec running in the sandbox
 
     # --- reads ---------------------------------------------------------------------------------
     def view(self) -> dict[str, Any]:
@@ -49,8 +53,19 @@ class SessionActor(AioActor):
     # --- create / resume -----------------------------------------------------------------------
     def create(self, req: CreateRequest, row: Session) -> dict[str, Any]:
         self.row = row  # just inserted by the registry: no need to read it back
+        return self._first_start("created", None, resume_history=False, restore=False, agent=req.agent)
+
+    def start_fork(self, row: Session) -> dict[str, Any]:
+        """Bring up a fork: its snapshot (the parent's workspace) restored and its copied conversation
+        handed to the engine, as on a cold resume."""
+        self.row = row
+        return self._first_start("forked", {"parentSessionId": row.parent_session_id},
+                                 resume_history=True, restore=True)
+
+    def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
+                     agent: Any = None) -> dict[str, Any]:
         try:
-            self._start_sandbox(resume_history=False, restore=False, agent=req.agent)
+            self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
         except ServiceError as exc:
             self._fail(exc.message)
             raise
@@ -62,7 +77,8 @@ class SessionActor(AioActor):
             self._fail(mapped.message if mapped else reason)
             raise (mapped or SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in "
                                           "the server log")) from exc
-        self.row = self._transition("active", "created", sandbox_id=self.handle.sandbox_id if self.handle else "")
+        self.row = self._transition("active", action, extra=extra,
+                                    sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
     def resume(self) -> dict[str, Any]:
@@ -196,12 +212,25 @@ class SessionActor(AioActor):
         return conn
 
     # --- pause / stop / delete -----------------------------------------------------------------
-    def pause(self) -> dict[str, Any]:
+    def pause(self) -> dict[str, Any] | concurrent.futures.Future[dict[str, Any]]:
+        """Pause now, or, while a turn runs, interrupt it and answer with a future that resolves once
+        the turn is stored and the session paused (an `active` session pauses, decisions.md)."""
         row = self._row()
         if row.status != "active":
             raise BadRequest(f"Session is {row.status}; only an active session can be paused")
         if self.turn is not None:
-            raise Conflict("A turn is running; interrupt it or wait for it to finish before pausing")
+            waiter: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+            self._pause_waiters.append(waiter)
+            if len(self._pause_waiters) == 1:
+                turn = self.turn
+                self.deps.run(turn.connection.interrupt(turn.query_id, reason="session paused"))
+            return waiter
+        return self._pause_now()
+
+    def _pause_now(self) -> dict[str, Any]:
+        row = self._row()
+        if row.status != "active":
+            raise BadRequest(f"Session is {row.status}; only an active session can be paused")
         self.row = self._transition("paused", "paused")
         if self.handle is not None and self.deps.snapshots is not None:
             # Off the request path, and only once the status is stored: the snapshot actor's tar work
@@ -245,6 +274,8 @@ class SessionActor(AioActor):
     # --- turns ---------------------------------------------------------------------------------
     def begin_turn(self, content: Any, model: str | None) -> TurnTicket:
         row = self._row()
+        if row.status == "ended":  # resume answers 410 for it: point at what works
+            raise BadRequest("Session is ended; create a new session")
         if row.status != "active":
             raise BadRequest(f"Session is {row.status}; resume it before sending messages")
         if self.turn is not None:
@@ -260,16 +291,52 @@ class SessionActor(AioActor):
         self.deps.run(self.deps.sessions.add_user_message(self.session_id, self.tenant, content))
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                                "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
-                               meter=self.handle.meter)
+                               meter=self.handle.meter,
+                               cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None)
         return self.turn
+
+    def begin_exec(self, what: str = "running commands") -> Any:
+        """The live bridge connection for a command run through the API (not through the model).
+        The sandbox is kept from eviction and the idle sweep until `end_exec`; one that died between
+        turns is brought back first, as for a turn."""
+        row = self._row()
+        if row.status == "ended":
+            raise BadRequest("Session is ended; create a new session")
+        if row.status != "active":
+            raise BadRequest(f"Session is {row.status}; resume it before {what}")
+        if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
+                self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
+            if self.turn is not None:  # the turn's own failure handling brings the sandbox back
+                raise SandboxError("the session's sandbox is not running; try again after the running turn")
+            self._drop_sandbox()
+            self._start_sandbox(resume_history=True, restore=True)
+            assert self.handle is not None
+            self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
+        self._execs += 1
+        return self.conn
+
+    def end_exec(self) -> None:
+        self._execs = max(0, self._execs - 1)
+        if self._execs == 0 and self.turn is None and self.handle is not None:
+            self.deps.pool.mark_waiting(self.handle.sandbox_id)
 
     def end_turn(self, query_id: str) -> None:
         if self.turn is None or self.turn.query_id != query_id:
             return
         self.turn = None
-        if self.handle is not None:
+        if self.handle is not None and self._execs == 0:
             self.deps.pool.mark_waiting(self.handle.sandbox_id)
         self.row = None  # lastActiveAt changed in storage; read it again on next view
+        waiters, self._pause_waiters = self._pause_waiters, []
+        if waiters:  # the interrupted turn is stored: the pause asked for meanwhile happens now
+            try:
+                view = self._pause_now()
+            except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as its answer
+                for waiter in waiters:
+                    waiter.set_exception(exc)
+            else:
+                for waiter in waiters:
+                    waiter.set_result(view)
 
     def interrupt(self) -> dict[str, Any]:
         if self.turn is None:

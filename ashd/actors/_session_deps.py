@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -64,3 +65,12 @@ class TurnTicket:
     model: str | None
     started: float
     meter: Any = None  # the sandbox's ResourceMeter: limits hit, counted by the host's kernel
+    cpu_at_start: float | None = None  # the sandbox's CPU seconds when the turn began (cgroup accounting)
+
+    def compute_seconds(self) -> float:
+        """CPU time the sandbox used during the turn (every process in it, tools included); the
+        turn's wall time where the host has no CPU accounting (weak isolation)."""
+        now: float | None = self.meter.cpu_seconds() if self.meter is not None else None
+        if now is None or self.cpu_at_start is None:
+            return round(time.monotonic() - self.started, 3)
+        return round(max(0.0, now - self.cpu_at_start), 3)

@@ -7,9 +7,12 @@ then on the session's actor owns every transition.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 from pykka import ActorRef
 
@@ -17,8 +20,10 @@ from ashd.actors._aio import call
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.errors import Unavailable
-from ashd.storage import Session, new_id
+from ashd.errors import Conflict, SandboxError, Unavailable
+from ashd.storage import AgentFile, Session, new_id, write_files
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,38 @@ class SessionRegistry:
         return await self._changed(req.session_id, ref.proxy().create(req, row),
                                    self.timeout + 2 * self.deps.setup_timeout + 10)
 
+    async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> dict[str, Any]:
+        """A new session from `parent_id`: its workspace (live, else its latest snapshot) and its
+        conversation copied, its own sandbox started. Nothing is stored for the child until its
+        snapshot exists, so a refused snapshot (413, 507) leaves no trace."""
+        parent = await self.deps.sessions.get(tenant, parent_id)
+        if parent.status == "starting":
+            raise Conflict(f"Session {parent_id} is still starting; fork it once it is active")
+        await self.deps.resolve_agent(tenant, parent.agent_name)  # 404 when the agent is gone
+        snapshots = self.deps.snapshots
+        if snapshots is not None:
+            live = await self.workspace(tenant, parent_id)
+            if live is not None and Path(live).is_dir():
+                await call(snapshots.snapshot(child_id, Path(live)), self.timeout + 2 * self.deps.setup_timeout)
+            else:
+                await call(snapshots.copy_latest(parent_id, child_id), self.timeout + 2 * self.deps.setup_timeout)
+        row = Session(id=child_id, tenant_id=tenant, agent_name=parent.agent_name, model=parent.model,
+                      status="starting", config=parent.config, credential_id=parent.credential_id,
+                      env_ciphertext=encrypted_env)
+        try:
+            row = await self.deps.sessions.insert_fork(row, parent_id)
+        except BaseException:
+            if snapshots is not None:
+                snapshots.delete(child_id)
+            raise
+        async with self._lock:
+            ref = SessionActor.start(self.deps, child_id, tenant)
+            self._actors[child_id] = ref
+            self._tenants[child_id] = tenant
+        self._remember(parent_id, None)
+        return await self._changed(child_id, ref.proxy().start_fork(row),
+                                   self.timeout + 2 * self.deps.setup_timeout + 10)
+
     def _remember(self, session_id: str, view: dict[str, Any] | None, epoch: int | None = None) -> None:
         if epoch is not None and self._epochs.get(session_id, 0) != epoch:
             return  # something changed while this view was being read: do not cache it
@@ -106,7 +143,17 @@ class SessionRegistry:
 
     async def pause(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
-        return await self._changed(session_id, proxy.pause(), self.timeout)
+        self._remember(session_id, None)
+        answer: dict[str, Any] | concurrent.futures.Future[dict[str, Any]] = await call(proxy.pause(), self.timeout)
+        if isinstance(answer, concurrent.futures.Future):  # a turn was running: it is interrupted first
+            try:
+                async with asyncio.timeout(self.timeout + self.deps.shutdown_grace):
+                    answer = await asyncio.wrap_future(answer)
+            except TimeoutError as exc:
+                raise Unavailable("the running turn did not stop in time for the pause; try again") from exc
+        view: dict[str, Any] = answer
+        self._remember(session_id, view)
+        return view
 
     async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
@@ -167,6 +214,38 @@ class SessionRegistry:
         ref = self._actors.get(ticket.session_id)
         if ref is not None and ref.is_alive():
             ref.proxy().end_turn(ticket.query_id)
+
+    async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,
+        same output caps. Returns the bridge's `{exitCode, stdout, stderr[, timedOut]}`."""
+        proxy = await self._actor(tenant, session_id)
+        conn = await call(proxy.begin_exec(), self.timeout + 2 * self.deps.setup_timeout)
+        try:
+            frame = await conn.exec(argv, timeout=timeout_s)  # SandboxError if the sandbox goes away
+        finally:
+            proxy.end_exec()
+        return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
+
+    async def in_live_workspace(self, tenant: str, session_id: str, what: str,
+                                fn: Callable[[Path, tuple[int, int] | None], T]) -> T:
+        """Run `fn(workspace, owner)` in a thread on the session's live workspace for an API client
+        (`what` it does names it in errors). The sandbox is held as for exec, so it is not evicted or
+        swept meanwhile; `owner` is the sandbox user, for what `fn` creates."""
+        proxy = await self._actor(tenant, session_id)
+        await call(proxy.begin_exec(what), self.timeout + 2 * self.deps.setup_timeout)
+        try:
+            workspace = await call(proxy.workspace(), self.timeout)
+            if workspace is None:
+                raise SandboxError("the session's sandbox went away; try again")
+            owner = self.deps.sandbox_owner(session_id)
+            return await asyncio.get_running_loop().run_in_executor(None, fn, workspace, owner)
+        finally:
+            proxy.end_exec()
+
+    async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
+        """Write files into the session's live workspace, owned by the sandbox user."""
+        return await self.in_live_workspace(tenant, session_id, "uploading files",
+                                            lambda ws, owner: write_files(ws, target, files, owner))
 
     async def running_turn(self, tenant: str, session_id: str) -> str | None:
         ref = self._live(tenant, session_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +29,17 @@ import pykka
 from pykka.typing import ActorMemberMixin, proxy_method
 
 from ashd.actors._aio import AioActor
-from ashd.errors import ServiceError
+from ashd.errors import ServiceError, StorageFull
 from ashd.storage import (
     DEFAULT_KEEP,
+    PARTIAL_PREFIX,
     LocalSnapshotStore,
     SnapshotBoard,
     SnapshotInfo,
     SnapshotReader,
     SnapshotStore,
     info_for,
+    is_no_space,
     latest_local,
     prune,
     remove_stale_partials,
@@ -105,6 +108,32 @@ class SnapshotActor(AioActor):
         if self.remote is not None:
             self._upload(session_id, info)
         return info
+
+    def copy_latest(self, from_session: str, to_session: str) -> bool:
+        """Give `to_session` a copy of `from_session`'s newest snapshot (a fork of a session without a
+        live sandbox); False when it has none. Uploaded like any snapshot when a remote store is set."""
+        info = self.latest(from_session)
+        if info is None:
+            return False
+        directory = self.local.session_dir(to_session)
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / info.path.name
+        partial = directory / f"{PARTIAL_PREFIX}{info.path.name}"  # swept if this copy dies half way
+        try:
+            shutil.copyfile(info.path, partial)
+            os.replace(partial, target)  # whole or not at all, as every snapshot file
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            if is_no_space(exc):
+                raise StorageFull("The server's data disk is full: the snapshot could not be copied for the "
+                                  "fork. Nothing was changed; retry once space is freed") from exc
+            raise
+        self.board.refresh(to_session, directory)
+        copied = info_for(to_session, target)
+        if self.remote is not None:
+            self._upload(to_session, copied)
+        return True
 
     def latest(self, session_id: str) -> SnapshotInfo | None:
         """The newest snapshot of the session, as a local file.
@@ -205,6 +234,7 @@ class SnapshotProxy(ActorMemberMixin, pykka.ActorProxy[SnapshotActor]):
 
     snapshot = proxy_method(SnapshotActor.snapshot)
     latest = proxy_method(SnapshotActor.latest)
+    copy_latest = proxy_method(SnapshotActor.copy_latest)
     restore = proxy_method(SnapshotActor.restore)
     reader = proxy_method(SnapshotActor.reader)
     delete = proxy_method(SnapshotActor.delete)

@@ -79,7 +79,10 @@ async def retrying(op: Callable[[], Awaitable[T]], seconds: float, what: str, se
         pause = min(pause * 2, _RETRY_MAX)
 
 
-def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def typed_events(data: dict[str, Any], tool_names: dict[str, str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The typed events a frame becomes. `tool_names` maps the ids of the turn's tool calls to their
+    names: a tool_result block carries only the id, and its event names the tool."""
+    names = {} if tool_names is None else tool_names
     kind = data.get("type")
     out: list[tuple[str, dict[str, Any]]] = []
     if kind == "assistant":
@@ -88,6 +91,8 @@ def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             if btype == "text":
                 out.append(("text", {"text": block.get("text", "")}))
             elif btype == "tool_use":
+                if isinstance(block.get("id"), str) and isinstance(block.get("name"), str):
+                    names[block["id"]] = block["name"]
                 out.append(("tool_start", {"toolName": block.get("name"), "toolId": block.get("id"),
                                            "input": block.get("input")}))
             elif btype in ("thinking", "redacted_thinking"):
@@ -96,7 +101,10 @@ def typed_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         content = (data.get("message") or {}).get("content")
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result":
-                out.append(("tool_result", {"toolName": block.get("name") or data.get("tool_name"),
+                tool_id = block.get("tool_use_id")
+                name = block.get("name") or data.get("tool_name") or (
+                    names.get(tool_id) if isinstance(tool_id, str) else None)
+                out.append(("tool_result", {"toolName": name,
                                             "toolId": block.get("tool_use_id"), "content": block.get("content"),
                                             "isError": bool(block.get("is_error"))}))
     elif kind == "result":
@@ -122,6 +130,7 @@ class TurnRecorder:
         self.last_sequence = 0
         self.result: dict[str, Any] | None = None
         self.tool_calls = 0
+        self._tool_names: dict[str, str] = {}
 
     async def _seq(self) -> int:
         if self._next >= self._end:
@@ -137,7 +146,7 @@ class TurnRecorder:
         kind = data.get("type")
         if kind == "stream_event":
             return None
-        derived = typed_events(data)
+        derived = typed_events(data, self._tool_names)
         self._account(raw, kind, len(derived))
         if kind in ("assistant", "result"):
             self._messages.append(("assistant", raw))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
-from ashd.storage import FileSource
+from ashd.storage import AgentFile, FileSource
 
 SessionView = dict[str, Any]  # the interface's Session object
 
@@ -70,6 +70,15 @@ class Files:
     reader: FileSource
 
 
+@dataclass(frozen=True)
+class Bundle:
+    """A session's workspace as a tar.gz: from its live sandbox, or else its latest snapshot. Close `stream`."""
+
+    source: str  # "sandbox" or "snapshot"
+    stream: BinaryIO
+    size: int
+
+
 class SessionBackend(Protocol):
     """Every operation on a session's life that the HTTP layer may ask for.
 
@@ -98,6 +107,25 @@ class SessionBackend(Protocol):
         ...
 
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]: ...
+
+    async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> SessionView:
+        """A new session `child_id` with the parent's workspace and conversation (its own environment,
+        encrypted for the child's id by the caller)."""
+        ...
+
+    async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Run a program in the session's sandbox for the API client: `{exitCode, stdout, stderr[, timedOut]}`."""
+        ...
+
+    async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
+        """Write files into the live workspace; the paths written, relative to the workspace."""
+        ...
+
+    async def bundle(self, tenant: str, session_id: str) -> Bundle: ...
+
+    async def restore_bundle(self, tenant: str, session_id: str, data: bytes) -> tuple[int, list[str]]:
+        """Unpack a client's tar.gz into the live workspace: how many entries were restored, which skipped."""
+        ...
 
     async def files(self, tenant: str, session_id: str) -> Files: ...
 

@@ -173,7 +173,7 @@ class TurnDriver:
         values = {
             "tool_calls": float(recorder.tool_calls),
             "message": 1.0,
-            "compute_seconds": round(time.monotonic() - ticket.started, 3),
+            "compute_seconds": ticket.compute_seconds(),
         }
         window = self.limits.retry_seconds if stored else 0.0
         try:

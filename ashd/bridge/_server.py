@@ -90,6 +90,7 @@ class Connection:
         self.greeted = False
         self.protocol = 1
         self.queries: dict[str, asyncio.Task[None]] = {}
+        self.interrupt_reasons: dict[str, str] = {}  # query id -> why the server interrupted it
         self._checks: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
         self._check_seq = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -168,6 +169,9 @@ class Connection:
         elif kind == p.INTERRUPT:
             task = self.queries.get(fid or "")
             if task is not None and not task.done():
+                reason = frame.get("reason")
+                if isinstance(reason, str) and reason:
+                    self.interrupt_reasons[fid or ""] = reason[:200]
                 task.cancel()
         elif kind == p.EXEC:
             self._spawn(self._exec(fid, frame))
@@ -258,7 +262,8 @@ class Connection:
         except asyncio.CancelledError:
             if self.sock.fileno() < 0:
                 raise
-            await self.send_quiet(p.make(p.ERROR, id=fid, error="interrupted"))
+            reason = self.interrupt_reasons.pop(fid, None)
+            await self.send_quiet(p.make(p.ERROR, id=fid, error=f"interrupted: {reason}" if reason else "interrupted"))
         except EngineError as exc:
             await self.send_quiet(p.make(p.ERROR, id=fid, error=str(exc)))
         except OSError:

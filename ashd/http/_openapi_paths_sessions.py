@@ -52,7 +52,9 @@ PATHS: dict[str, dict[str, Any]] = {
     },
     "/api/sessions/{id}/pause": _action(
         "pauseSession", "Pause an active session", (400, 404),
-        "Only an `active` session can be paused; any other status is 400 naming it."),
+        "Only an `active` session can be paused; any other status is 400 naming it. A running turn is "
+        "interrupted first (its stream ends with `error {error: \"interrupted: session paused\"}` then "
+        "`done`), stored, and then the session is paused."),
     "/api/sessions/{id}/resume": _action(
         "resumeSession", "Resume a session (warm or cold path)", (404, 410, 500, 503, 507),
         "Warm when the original sandbox is alive, else cold with the workspace restored from a snapshot. "
@@ -62,6 +64,54 @@ PATHS: dict[str, dict[str, Any]] = {
         "From `active` or `starting`; a stopped session can be resumed (cold) or ended. 413: the workspace "
         "holds more than a snapshot may store (SERVICE_SNAPSHOT_MAX_MB); 507: the data disk is full. In both "
         "cases the sandbox stays and nothing is lost."),
+    "/api/sessions/{id}/workspace": {
+        "get": op("downloadWorkspace", "Download the workspace as a tar.gz", "sessions",
+                  {200: {"description": "The workspace (excluded paths left out), from the live sandbox or else the "
+                                        "latest snapshot; `X-Service-Source` says which",
+                         "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}}},
+                  errors=(404, 413), params=[SID],
+                  description="413 when the live workspace holds more than SERVICE_SNAPSHOT_MAX_MB of files."),
+        "post": op("uploadWorkspace", "Restore a tar.gz bundle into the live workspace", "sessions",
+                   {200: reply("What was restored", obj({
+                       "message": STR, "restored": INT,
+                       "skipped": {"type": "array", "items": STR,
+                                   "description": "entries the rules refused (at most 100 listed)"}},
+                       ("message", "restored", "skipped")))},
+                   errors=(400, 404, 413, 500, 503, 507), params=[SID],
+                   request=body(obj({"bundle": {**STR, "description": "base64 of a tar or tar.gz archive"}},
+                                    ("bundle",))),
+                   description="The session must be `active`. Entries are extracted under the snapshot rules "
+                               "(no `..`, no absolute or escaping links, no devices, no set-uid bits, never "
+                               "written through a link) and belong to the sandbox user; existing files with "
+                               "the same names are replaced. 507: the sandbox's disk quota is full."),
+    },
+    "/api/sessions/{id}/fork": {
+        "post": op("forkSession", "Fork a session: its workspace and conversation in a new session", "sessions",
+                   {201: reply("The new session, `active`, with `parentSessionId`", SESSION)},
+                   errors=(404, 409, 413, 500, 503, 507), params=[SID],
+                   description="The workspace is taken from the live sandbox, else the latest snapshot; the "
+                               "conversation (its messages) is copied, so the new session's model sees it, as "
+                               "on a cold resume. Lifecycle event `forked` on both sessions (`childSessionId`, "
+                               "`parentSessionId`). 409: the session is still starting, or the tenant's storage "
+                               "limit is reached. 413: the workspace is over SERVICE_SNAPSHOT_MAX_MB. 507: the "
+                               "data disk is full."),
+    },
+    "/api/sessions/{id}/exec": {
+        "post": op("execInSession", "Run a shell command in the session's sandbox", "sessions",
+                   {200: reply("The command's exit code and output", obj({
+                       "exitCode": INT, "stdout": STR, "stderr": STR,
+                       "timedOut": {**BOOL, "description": "present and true when the timeout killed it"}},
+                       ("exitCode", "stdout", "stderr")))},
+                   errors=(400, 404, 500, 503), params=[SID],
+                   request=body(obj({"command": {**STR, "description": "run by `bash -c` in /workspace"},
+                                     "timeout": {**INT, "minimum": 1, "maximum": 600000, "default": 60000,
+                                                 "description": "milliseconds; the command's process group is "
+                                                                "killed when it passes"}}, ("command",))),
+                   description="Not through the model: the command runs in the sandbox as the engine's Bash "
+                               "tool runs one (same isolation, limits and output caps: 1 MiB per stream). "
+                               "The session must be `active`; a sandbox that died is brought back first. "
+                               "A non-zero exit is still 200."),
+    },
     "/api/sessions/{id}/interrupt": {
         "post": op("interruptSession", "Abort the running turn", "sessions",
                    {200: reply("Interrupted", obj({"ok": BOOL, "sessionId": UUID}, ("ok", "sessionId")))},
@@ -114,6 +164,25 @@ PATHS: dict[str, dict[str, Any]] = {
                           "source": {"type": "string", "enum": ["sandbox", "snapshot"]}}})},
                   errors=(404,), params=[SID, query("includeHidden", {**BOOL, "default": True},
                                                     "accepted for client compatibility")]),
+        "post": op("uploadSessionFiles", "Write files into the live workspace", "sessions",
+                   {200: reply("What was written", {
+                       "type": "object", "required": ["files"], "properties": {"files": {
+                           "type": "array", "items": obj({"path": STR, "size": INT}, ("path", "size"))}}})},
+                   errors=(400, 404, 413, 500, 503, 507), params=[SID],
+                   request=body(obj({
+                       "files": {"type": "array", "minItems": 1, "maxItems": 1000, "items": obj({
+                           "path": {**STR, "description": "relative to `targetPath`; no `..`, not absolute"},
+                           "content": {**STR, "description": "UTF-8 text, or base64 with `encoding: base64` "
+                                                             "(base64 without `encoding`, as the reference's "
+                                                             "clients send it, is recognised)"},
+                           "encoding": {"type": "string", "enum": ["base64", "utf-8"]},
+                           "mimeType": STR}, ("path", "content"))},
+                       "targetPath": {**STR, "default": ".", "description": "workspace directory to write under"}},
+                       ("files",))),
+                   description="The session must be `active` (a sandbox that died is brought back first). Files "
+                               "belong to the sandbox user; an existing file is replaced, never written through "
+                               "a link; a link or file on the way is 400. 507: the sandbox's disk quota is "
+                               "full (files written before stay)."),
     },
     "/api/sessions/{id}/files/{path}": {
         "get": op("getSessionFile", "Download one workspace file", "sessions", {200: {

@@ -140,7 +140,8 @@ SCHEMAS: dict[str, Schema] = {
         "id": UUID, "tenantId": STR, "sessionId": UUID, "agentName": STR,
         "eventType": {"type": "string", "description": "input_tokens, output_tokens, cache_creation_tokens, "
                       "cache_read_tokens, cost_usd (one set per model call, as the model proxy saw it), "
-                      "tool_calls, message, compute_seconds (per turn)"},
+                      "tool_calls, message, compute_seconds (per turn: the sandbox's CPU time in the turn, "
+                      "from its cgroup; wall time where the host has no CPU accounting)"},
         "value": NUM, "createdAt": TIME,
     }, ("id", "sessionId", "agentName", "eventType", "value", "createdAt")),
     "UsageStats": obj({k: NUM for k in (

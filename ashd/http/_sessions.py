@@ -184,4 +184,4 @@ async def list_events(request: web.Request) -> web.Response:
     if type_ is not None and type_ not in EVENT_TYPES:
         raise BadRequest(f"query `type` must be one of {', '.join(EVENT_TYPES)}")
     events = await stored.events(ten, sid, after, limit, type_)
-    return ok({"events": [e for e in events if e["type"] != "frame"]})
+    return ok({"events": events})

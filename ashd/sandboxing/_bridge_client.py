@@ -205,8 +205,9 @@ class BridgeConnection:
         finally:
             self._parked.pop(qid, None)
 
-    async def interrupt(self, query_id: str) -> None:
-        await self._send(p.make(p.INTERRUPT, id=query_id))
+    async def interrupt(self, query_id: str, reason: str | None = None) -> None:
+        """`reason` ends the query's error as `interrupted: <reason>` (protocol 2); plain `interrupted` without."""
+        await self._send(p.make(p.INTERRUPT, id=query_id, reason=reason or None))
 
 
     async def exec(self, argv: list[str], timeout: float = 60.0) -> p.Frame:

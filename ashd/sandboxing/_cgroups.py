@@ -26,6 +26,9 @@ from ashd.sandboxing._types import SandboxLimits
 log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+# CPU time accounting (usage per turn): its own hierarchy, or co-mounted with cpu ("cpu,cpuacct").
+# Optional: a host without it still runs sandboxes, and usage falls back to wall time.
+V1_OPTIONAL = ("cpuacct",)
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 # On v2 a cgroup that delegates controllers may not hold processes, so the service moves itself here.
@@ -111,6 +114,20 @@ class SandboxCgroup:
         """How many forks (or thread creations) failed because the sandbox reached pids.max."""
         return _read_int_field(self._dir("pids") / "pids.events", "max")
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) used by every process the sandbox ever ran; None if not accounted."""
+        try:
+            if self.version == "v2":
+                stat = self.dirs["unified"] / "cpu.stat"
+                return _read_int_field(stat, "usage_usec") / 1e6 if stat.exists() else None
+            for controller in ("cpuacct", "cpu"):  # co-mounted: cpuacct.usage sits in the cpu dir
+                d = self.dirs.get(controller)
+                if d is not None and (d / "cpuacct.usage").exists():
+                    return int((d / "cpuacct.usage").read_text().strip()) / 1e9
+        except (OSError, ValueError):
+            pass
+        return None
+
     def memory_bytes(self) -> int:
         name = "memory.current" if self.version == "v2" else "memory.usage_in_bytes"
         try:
@@ -182,7 +199,8 @@ class CgroupTree:
         """Our `<own>/ashd/<key>` per controller (a single "unified" entry on v2)."""
         if self.version == "v2":
             return {"unified": self._own_dir("") / "ashd" / self.key}
-        return {c: self._own_dir(c) / "ashd" / self.key for c in V1_CONTROLLERS}
+        present = [c for c in V1_OPTIONAL if (self.mount_root / c / "cgroup.procs").exists()]
+        return {c: self._own_dir(c) / "ashd" / self.key for c in (*V1_CONTROLLERS, *present)}
 
     # -- parent set-up ---------------------------------------------------------------------------
 

@@ -88,6 +88,10 @@ class ResourceMeter:
             self._disk_full = full
             return notices
 
+    def cpu_seconds(self) -> float | None:
+        """The sandbox's CPU time so far, from the kernel's cgroup accounting; None without it."""
+        return self._cgroup.cpu_seconds() if self._cgroup is not None else None
+
     def disk_usage(self) -> DiskUsage | None:
         if self._disk is None or not is_mounted(self._disk):
             return None

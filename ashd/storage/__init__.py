@@ -7,7 +7,11 @@ from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher, load_or_create_key
 from ashd.storage._database import Database
 from ashd.storage._diskspace import MIB, DataDirSpace, DiskSpace
-from ashd.storage._failures import log_failure, storage_failure
+from ashd.storage._failures import (
+    is_no_space,
+    log_failure,
+    storage_failure,
+)
 from ashd.storage._files import (
     DirectoryReader,
     FileSource,
@@ -40,19 +44,24 @@ from ashd.storage._sequence import allocate
 from ashd.storage._sessions import EventRecord, Sessions, session_json
 from ashd.storage._snapshots import (
     DEFAULT_KEEP,
+    PARTIAL_PREFIX,
     SnapshotBoard,
     SnapshotInfo,
     SnapshotTooLarge,
+    bundle_budget,
+    bundle_workspace,
     info_for,
     latest_local,
     prune,
     remove_stale_partials,
+    restore_bundle,
     restore_workspace,
     snapshot_workspace,
 )
 from ashd.storage._snapshots_reader import SnapshotReader
 from ashd.storage._snapshots_stores import LocalSnapshotStore, SnapshotStore, store_from_url
 from ashd.storage._usage import UsageFilter, list_usage, parse_time, record_usage, usage_stats
+from ashd.storage._workspace_writes import write_files
 
 __all__ = [
     "DEFAULT_KEEP",
@@ -60,6 +69,7 @@ __all__ = [
     "ENV_SOURCE",
     "KEEP",
     "MIB",
+    "PARTIAL_PREFIX",
     "SYSTEM_PROMPT_FILE",
     "Agent",
     "AgentFile",
@@ -97,10 +107,13 @@ __all__ = [
     "UsageEvent",
     "UsageFilter",
     "allocate",
+    "bundle_budget",
+    "bundle_workspace",
     "check_raw_size",
     "check_relative_path",
     "content_disposition",
     "info_for",
+    "is_no_space",
     "iso",
     "latest_local",
     "list_model_calls",
@@ -114,6 +127,7 @@ __all__ = [
     "prune",
     "record_usage",
     "remove_stale_partials",
+    "restore_bundle",
     "restore_workspace",
     "roots_warning",
     "session_json",
@@ -125,4 +139,5 @@ __all__ = [
     "tenant_spend",
     "usage_stats",
     "utcnow",
+    "write_files",
 ]

@@ -98,33 +98,66 @@ def symlink_target(real_root: Path, link: Path) -> Path | None:
 
 def walk(root: Path, max_entries: int = MAX_ENTRIES) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """Yield `(rel, entry)` for every non-excluded directory, regular file and symlink under `root`,
-    depth first, never descending into symlinked directories. Stops after `max_entries` entries."""
+    depth first, never descending into symlinked directories. Stops after `max_entries` entries.
+
+    A live workspace changes under the walk (the sandbox may rename a directory and put a link to a
+    host path in its place at any moment), and the server reads as root: so each directory is opened
+    without following a final link, checked to be inside `root` once open, and listed through that
+    descriptor. Entries are those of the opened directory; read them with `root / rel` and a check
+    on the opened file (as `open_inside` does), never by trusting the path."""
+    real_root = Path(os.path.realpath(root))
     count = 0
-    stack: list[tuple[str, str]] = [("", str(root))]
+    stack: list[tuple[str, str]] = [("", str(real_root))]
     while stack:
         prefix, directory = stack.pop()
         try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            continue  # vanished or unreadable while walking a live workspace
-        subdirs: list[tuple[str, str]] = []
-        for entry in entries:
-            rel = f"{prefix}{entry.name}"
-            if is_excluded(rel):
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    subdirs.append((f"{rel}/", entry.path))
-                elif not (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
-                    continue  # socket, FIFO, device
-            except OSError:
-                continue
-            count += 1
-            yield rel, entry
-            if count >= max_entries:
-                return
-        stack.extend(reversed(subdirs))
+            continue  # vanished, unreadable, or a link now
+        try:
+            if not _inside(real_root, Path(os.readlink(f"/proc/self/fd/{fd}"))):
+                continue  # a parent was swapped for a link to outside since it was listed
+            with os.scandir(fd) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            subdirs: list[tuple[str, str]] = []
+            for entry in entries:
+                rel = f"{prefix}{entry.name}"
+                if is_excluded(rel):
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append((f"{rel}/", f"{directory}/{entry.name}"))
+                    elif not (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+                        continue  # socket, FIFO, device
+                except OSError:
+                    continue
+                count += 1
+                yield rel, entry  # entry.stat() reads through `fd`, open until the next directory
+                if count >= max_entries:
+                    return
+            stack.extend(reversed(subdirs))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+def open_inside(real_root: Path, path: Path) -> int | None:
+    """An O_RDONLY descriptor of the regular file at `path` if, once open, it really is inside
+    `real_root` (no link on the way led out: checked on the descriptor, so no race can fool it);
+    else None. Non-blocking open, so a FIFO swapped in cannot hang the reader; blocking after."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode) and _inside(real_root, Path(os.readlink(f"/proc/self/fd/{fd}"))):
+            os.set_blocking(fd, True)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def list_files(root: Path, max_entries: int = MAX_ENTRIES) -> list[FileEntry]:
@@ -138,7 +171,7 @@ def list_files(root: Path, max_entries: int = MAX_ENTRIES) -> list[FileEntry]:
     for rel, entry in walk(root, max_entries):
         try:
             if entry.is_symlink():
-                target = symlink_target(real_root, Path(entry.path))
+                target = symlink_target(real_root, real_root / rel)
                 if target is None:
                     continue
                 st = target.stat()
@@ -227,16 +260,6 @@ def decode_text(data: bytes) -> str:
         ) from exc
 
 
-def read_for_json(path: Path, limit: int = JSON_LIMIT) -> str:
-    """The text of a (resolved) file for format=json. BadRequest when larger than `limit` or not
-    UTF-8. Reads at most `limit + 1` bytes, so a file growing meanwhile cannot exhaust memory."""
-    check_json_size(path.stat().st_size, limit)
-    with path.open("rb") as fh:
-        data = fh.read(limit + 1)
-    check_json_size(len(data), limit)
-    return decode_text(data)
-
-
 def mime_type(filename: str) -> str:
     """Content-Type from the file extension; `application/octet-stream` when unknown."""
     guessed, _ = mimetypes.guess_type(filename, strict=False)
@@ -244,12 +267,11 @@ def mime_type(filename: str) -> str:
 
 
 def content_disposition(filename: str) -> str:
-    """`attachment; filename*=UTF-8''<percent-encoded>` (RFC 6266/5987) plus an ASCII `filename=`
-    fallback for old clients. Only the last path component is used."""
+    """`attachment; filename*=UTF-8''<percent-encoded>` (RFC 6266/5987) and no other parameter, as the
+    interface gives it (decisions.md); every current client reads `filename*`. Only the last path
+    component is used."""
     name = filename.rsplit("/", 1)[-1] or "download"
-    encoded = urllib.parse.quote(name, safe="")
-    fallback = "".join(c if 0x20 <= ord(c) < 0x7F and c not in '"\\' else "_" for c in name)
-    return f"attachment; filename*=UTF-8''{encoded}; filename=\"{fallback}\""
+    return f"attachment; filename*=UTF-8''{urllib.parse.quote(name, safe='')}"
 
 
 def _human(limit: int) -> str:

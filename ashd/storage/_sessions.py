@@ -159,6 +159,38 @@ class Sessions:
 
         return await self.db.run_tx(run)
 
+    async def insert_fork(self, child: Session, parent_id: str) -> Session:
+        """Insert `child` (a fork of `parent_id`, same tenant) with a copy of the parent's conversation
+        and the parent's `forked` lifecycle event, in one transaction. The child's messages keep their
+        order, numbered from 1; its own `forked` event comes when its sandbox is up."""
+        now = utcnow()
+        tenant = child.tenant_id
+
+        def run(s: SyncSession) -> Session:
+            rows = s.execute(select(Message.role, Message.content).where(
+                Message.session_id == parent_id, Message.tenant_id == tenant).order_by(Message.sequence)).all()
+            child.parent_session_id = parent_id
+            child.next_message_seq = len(rows)
+            child.message_count = len(rows)
+            child.stored_bytes = _size(child.config) + sum(_size(c) for _, c in rows)
+            s.add(child)
+            s.flush()
+            if rows:
+                s.execute(insert(Message), [
+                    {"id": new_id(), "session_id": child.id, "tenant_id": tenant, "role": role, "content": content,
+                     "sequence": i + 1, "created_at": now} for i, (role, content) in enumerate(rows)])
+            status = s.execute(select(Session.status).where(Session.id == parent_id)).scalar_one()
+            parent_event = json.dumps({"action": "forked", "status": status, "childSessionId": child.id})
+            seq = allocate_sync(s, parent_id, "event")
+            s.execute(update(Session).where(Session.id == parent_id).values(
+                event_count=Session.event_count + 1, stored_bytes=Session.stored_bytes + _size(parent_event)))
+            s.execute(insert(_EVENTS).values(id=new_id(), session_id=parent_id, tenant_id=tenant, type="lifecycle",
+                                             data=parent_event, sequence=seq, created_at=now))
+            s.expunge(child)
+            return child
+
+        return await self.db.run_tx(run)
+
     async def reserve_events(self, session_id: str, count: int) -> int:
         return await self.db.run_tx(lambda s: allocate_sync(s, session_id, "event", count))
 
@@ -226,8 +258,10 @@ class Sessions:
 
     async def events(self, tenant: str, session_id: str, after: int, limit: int,
                      type_: str | None) -> builtins.list[dict[str, Any]]:
+        # Rows of type "frame" only carry stream frames for replay: dropped here, before the limit, so
+        # `after=7&limit=1` still finds the next event that a client can see.
         query = select(SessionEvent).where(SessionEvent.session_id == session_id, SessionEvent.tenant_id == tenant,
-                                           SessionEvent.sequence > after)
+                                           SessionEvent.sequence > after, SessionEvent.type != "frame")
         if type_:
             query = query.where(SessionEvent.type == type_)
         async with self.db.read() as s:

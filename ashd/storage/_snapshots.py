@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gzip
+import io
 import logging
 import os
 import re
@@ -40,7 +41,7 @@ from typing import BinaryIO
 from ashd.errors import BadRequest, NotFound, PayloadTooLarge, StorageError, StorageFull
 from ashd.storage import _untar
 from ashd.storage._failures import is_no_space
-from ashd.storage._files import MAX_ENTRIES, is_excluded, symlink_target, walk
+from ashd.storage._files import MAX_ENTRIES, is_excluded, open_inside, symlink_target, walk
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
         info = tarfile.TarInfo(rel)
         try:
             if entry.is_symlink():
-                target = symlink_target(real_root, Path(entry.path))
+                target = symlink_target(real_root, real_root / rel)
                 if target is None:
                     continue  # leaves the workspace, dangles, or leads into an excluded path
                 info.type = tarfile.SYMTYPE
@@ -268,7 +269,7 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
                 info.mtime = int(st.st_mtime)
                 tf.addfile(info)
             else:
-                count += _add_file(tf, info, entry.path, budget)
+                count += _add_file(tf, info, real_root, real_root / rel, budget)
         except FileNotFoundError:
             continue  # removed while we walked a live workspace
         if on_progress is not None:
@@ -276,22 +277,36 @@ def _add_tree(tf: tarfile.TarFile, workspace: Path, on_progress: Callable[[int],
     return count
 
 
-def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, path: str, budget: _Budget) -> int:
-    # O_NOFOLLOW + fstat: the entry was a regular file when listed; refuse whatever replaced it.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+def _add_file(tf: tarfile.TarFile, info: tarfile.TarInfo, real_root: Path, path: Path, budget: _Budget) -> int:
+    # The entry was a regular file inside the workspace when listed; whatever replaced it since (a
+    # link, a FIFO, a parent directory swapped for a link to a host path) is refused on the descriptor.
+    fd = open_inside(real_root, path)
+    if fd is None:
         return 0
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return 0
         budget.take(st.st_size)  # before reading: a file over the budget is never compressed
         info.size = st.st_size
         info.mode = stat.S_IMODE(st.st_mode)
         info.mtime = int(st.st_mtime)
         tf.addfile(info, _Exact(fh, st.st_size))  # type: ignore[arg-type]
     return 1
+
+
+def bundle_workspace(workspace: Path, out: BinaryIO, budget: _Budget, *, compresslevel: int = 1,
+                     on_progress: Callable[[int], None] | None = None) -> int:
+    """Write `workspace` as a tar.gz to `out` (a snapshot's format); returns the files written.
+    SnapshotTooLarge once the files pass the budget."""
+    # mtime=0: the gzip header carries no clock, so identical trees give identical bytes.
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=compresslevel, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf,
+    ):
+        return _add_tree(tf, workspace, on_progress, budget)
+
+
+def bundle_budget(session_id: str, max_bytes: int | None) -> _Budget:
+    return _Budget(session_id, max_bytes)
 
 
 def snapshot_workspace(
@@ -318,12 +333,7 @@ def snapshot_workspace(
 
     def write(raw: BinaryIO) -> None:
         nonlocal count
-        # mtime=0: the gzip header carries no clock, so identical trees give identical bytes.
-        with (
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=0) as gz,
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf,
-        ):
-            count = _add_tree(tf, workspace, on_progress, budget)
+        count = bundle_workspace(workspace, raw, budget, compresslevel=compresslevel, on_progress=on_progress)
 
     started = time.monotonic()
     try:
@@ -342,6 +352,16 @@ def snapshot_workspace(
                "seconds": round(time.monotonic() - started, 3)},
     )
     return info
+
+
+def restore_bundle(data: bytes, dest: Path, owner: tuple[int, int] | None) -> _untar.Outcome:
+    """Extract a client's tar(.gz) bundle into a live workspace under the snapshot rules, every
+    entry created for `owner`. BadRequest for a damaged or non-tar bundle."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            return _untar.extract(tf, dest, keep=lambda rel: not is_excluded(rel), owner=owner)
+    except (tarfile.ReadError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise BadRequest(f"`bundle` is not a readable tar or tar.gz archive: {exc}") from exc
 
 
 def restore_workspace(snapshot: SnapshotInfo | Path, dest: Path) -> int:

@@ -80,24 +80,34 @@ def check_member(member: tarfile.TarInfo, dest_real: str) -> list[str]:
     return parts
 
 
-def _open_dir(parent_fd: int, name: str, *, create: bool) -> int:
+Owner = tuple[int, int] | None  # (uid, gid) for what is created; None: the caller's own
+
+
+def _own(fd: int, owner: Owner) -> None:
+    if owner is not None:
+        os.fchown(fd, owner[0], owner[1])
+
+
+def _open_dir(parent_fd: int, name: str, *, create: bool, owner: Owner = None) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         if not create:
             raise
         os.mkdir(name, 0o700, dir_fd=parent_fd)
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        _own(fd, owner)
+        return fd
     except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
         raise Refused(f"{name!r} on the way is a link or a file, not a directory") from exc
 
 
-def _walk(root_fd: int, parts: list[str], *, create: bool) -> int:
+def _walk(root_fd: int, parts: list[str], *, create: bool, owner: Owner = None) -> int:
     """An fd of the directory `parts` names below root_fd, never following a link."""
     fd = os.dup(root_fd)
     try:
         for name in parts:
-            nfd = _open_dir(fd, name, create=create)
+            nfd = _open_dir(fd, name, create=create, owner=owner)
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -117,10 +127,11 @@ def _clear(dir_fd: int, name: str) -> None:
     os.unlink(name, dir_fd=dir_fd)
 
 
-def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, dir_fd: int, name: str) -> None:
+def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, dir_fd: int, name: str, owner: Owner) -> None:
     _clear(dir_fd, name)
     mode = _file_mode(member.mode)
     fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dir_fd)
+    _own(fd, owner)
     with os.fdopen(fd, "wb") as out:
         src = tf.extractfile(member)
         if src is not None:
@@ -132,18 +143,20 @@ def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, dir_fd: int, name:
         os.utime(fd, (member.mtime, member.mtime))
 
 
-def _write(tf: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, parts: list[str]) -> None:
+def _write(tf: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, parts: list[str], owner: Owner) -> None:
     if member.isdir():
-        os.close(_walk(root_fd, parts, create=True))
+        os.close(_walk(root_fd, parts, create=True, owner=owner))
         return
-    dir_fd = _walk(root_fd, parts[:-1], create=True)
+    dir_fd = _walk(root_fd, parts[:-1], create=True, owner=owner)
     try:
         name = parts[-1]
         if member.isreg():
-            _write_file(tf, member, dir_fd, name)
+            _write_file(tf, member, dir_fd, name, owner)
         elif member.issym():
             _clear(dir_fd, name)
             os.symlink(member.linkname, name, dir_fd=dir_fd)
+            if owner is not None:
+                os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
         else:  # hard link: to an entry already extracted, found without following links
             src_parts = _clean_parts(member.linkname)
             if not src_parts:
@@ -158,9 +171,10 @@ def _write(tf: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, parts: li
         os.close(dir_fd)
 
 
-def extract(tf: tarfile.TarFile, dest: Path, keep: Callable[[str], bool]) -> Outcome:
+def extract(tf: tarfile.TarFile, dest: Path, keep: Callable[[str], bool], owner: Owner = None) -> Outcome:
     """Extract every member of `tf` into the existing directory `dest` under the rules above.
-    `keep(path)` decides on paths the rules allow (False: skipped as excluded)."""
+    `keep(path)` decides on paths the rules allow (False: skipped as excluded). `owner`: (uid, gid)
+    given to every directory, file and link created (a live sandbox's user)."""
     outcome = Outcome()
     links: list[str] = []
     dest_real = os.path.realpath(dest)
@@ -175,7 +189,7 @@ def extract(tf: tarfile.TarFile, dest: Path, keep: Callable[[str], bool]) -> Out
                 if not keep(rel):
                     outcome.skipped.append(f"{member.name!r}: excluded path")
                     continue
-                _write(tf, member, root_fd, parts)
+                _write(tf, member, root_fd, parts, owner)
                 if not member.isdir():
                     outcome.restored.append(rel)
                 if member.issym():

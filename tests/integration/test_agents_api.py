@@ -121,7 +121,7 @@ async def test_deploy_from_files_and_system_prompt(api: Api) -> None:
     assert await resp.read() == png
     assert resp.headers["Content-Type"] == "image/png"
     assert resp.headers["Content-Length"] == "256"
-    assert resp.headers["Content-Disposition"].startswith("attachment; filename*=UTF-8''logo.png")
+    assert resp.headers["Content-Disposition"] == "attachment; filename*=UTF-8''logo.png"
 
     resp = await api.client.get("/api/agents/uploaded/files/docs/ünïcode name.txt", params={"format": "raw"},
                                 headers=api.headers())

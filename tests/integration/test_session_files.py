@@ -57,15 +57,15 @@ async def _check_files(api: Api, sid: str, source: str) -> None:
     resp = await _get(api, sid, "notes/out.txt")
     assert resp.status == 200 and await resp.read() == b"hello from the agent"
     assert resp.headers["Content-Type"].startswith("text/plain")
-    # an ASCII `filename=` fallback may follow the interface's `filename*` parameter
-    assert resp.headers["Content-Disposition"].startswith("attachment; filename*=UTF-8''out.txt")
+    # exactly the interface's value: no `filename=` parameter beside `filename*`
+    assert resp.headers["Content-Disposition"] == "attachment; filename*=UTF-8''out.txt"
     assert resp.headers["Content-Length"] == str(len("hello from the agent"))
     assert resp.headers["X-Service-Source"] == source
     resp = await _get(api, sid, "data/blob.bin")
     assert resp.headers["Content-Type"] == "application/octet-stream" and await resp.read() == bytes(range(256))
     resp = await _get(api, sid, "na%C3%AFve%20name.md")
     assert resp.status == 200
-    assert resp.headers["Content-Disposition"].startswith("attachment; filename*=UTF-8''na%C3%AFve%20name.md")
+    assert resp.headers["Content-Disposition"] == "attachment; filename*=UTF-8''na%C3%AFve%20name.md"
     resp = await _get(api, sid, "data/big.txt")  # over the json limit, fine as raw
     assert resp.status == 200 and len(await resp.read()) == 1024 * 1024 + 10
 

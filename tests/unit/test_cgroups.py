@@ -175,3 +175,24 @@ def test_sweep_removes_only_empty_parents_and_create_recovers(tmp_path: Path) ->
     assert not tree.parent_dirs()["pids"].exists()  # ours was empty too, and got swept
     cg = tree.create("sbx", LIMITS)
     assert all(d.is_dir() for d in cg.dirs.values())
+
+
+def test_cpu_time_is_read_from_the_accounting_of_each_version(tmp_path: Path) -> None:
+    fake_v2(tmp_path / "v2")
+    tree = CgroupTree(tmp_path / "d2", mount_root=tmp_path / "v2", proc_self_cgroup="0::/system.slice/ashd.service\n")
+    tree.setup()
+    cg = tree.create("sbx", LIMITS)
+    assert cg.cpu_seconds() is None  # no accounting file: not zero, unknown
+    (cg.dirs["unified"] / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    assert cg.cpu_seconds() == 2.5
+
+    fake_v1(tmp_path / "v1")
+    (tmp_path / "v1" / "cpuacct").mkdir()
+    (tmp_path / "v1" / "cpuacct" / "cgroup.procs").write_text("")
+    tree1 = CgroupTree(tmp_path / "d1", mount_root=tmp_path / "v1", proc_self_cgroup=V1_SELF)
+    tree1.setup()
+    cg1 = tree1.create("sbx", LIMITS)
+    assert set(cg1.dirs) == {"memory", "pids", "cpu", "cpuacct"}  # the process joins cpuacct too
+    assert len(cg1.procs_files) == 4
+    (cg1.dirs["cpuacct"] / "cpuacct.usage").write_text("1500000000\n")
+    assert cg1.cpu_seconds() == 1.5
