@@ -32,8 +32,20 @@ VENV="${VENV:-.venv}"
 ashd_venv "$VENV"
 EXTRAS="${1:-}"
 stamp="$VENV/.installed${EXTRAS:+-$EXTRAS}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+fresh() { [ -f "$1" ] && ! [ pyproject.toml -nt "$1" ]; }
+# A dev install (scripts/test) has everything scripts/serve needs: no second install over it.
+if ! fresh "$stamp" && ! { [ -z "$EXTRAS" ] && fresh "$VENV/.installed-dev"; }; then
+  # A first start takes a while (pip resolves and downloads everything): say so instead of going quiet.
+  echo "ashd: installing ashd${EXTRAS:+[$EXTRAS]} and its Python dependencies into $VENV (first start or pyproject.toml changed)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -U pip >/dev/null
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+  # swagger-ui-bundle (Swagger UI 4) was replaced by swagger-ui-bundle-v2, which ships the same module:
+  # removing the old one first keeps it from deleting the new one's files on a later uninstall.
+  if "$VENV/bin/python" -m pip show -q swagger-ui-bundle >/dev/null 2>&1; then
+    "$VENV/bin/python" -m pip uninstall -q -y swagger-ui-bundle >/dev/null
+  fi
+  # setuptools warns on every editable install that a folder named like the package could shadow
+  # it (it is the package): a warning a first start should not greet people with.
+  PYTHONWARNINGS="ignore::UserWarning" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
   touch "$stamp"
 fi

@@ -129,3 +129,29 @@ async def api(aiohttp_client: Any, settings: Settings) -> AsyncIterator[Api]:
 def _stop_actors() -> Any:
     yield
     pykka.ActorRegistry.stop_all(timeout=10)
+
+
+def _mount_points() -> list[Path]:
+    with open("/proc/self/mounts") as f:
+        # Fields are space-separated with octal escapes (`\040` for a space) in paths.
+        return [Path(line.split()[1].encode().decode("unicode_escape")) for line in f]
+
+
+@pytest.fixture(autouse=True)
+def _no_mount_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests that kill a server leave its sandboxes' disks mounted, as a crash does (the next start
+    rescues them). Once a test is over nothing may stay mounted under its own temp dirs: pytest's
+    removal of old temp dirs in a later run would fail on them (and only this test's own dirs, as
+    other test runs on the host have theirs)."""
+    yield
+    roots = [p for name in ("tmp_path", "short_tmp") if isinstance(p := request.node.funcargs.get(name), Path)]
+    if not roots:
+        return
+    from ashd.sandboxing._disk import unmount
+
+    for point in sorted(_mount_points(), key=lambda m: len(m.parts), reverse=True):
+        if any(point.is_relative_to(root) for root in roots):
+            unmount(point)
+    for root in roots:
+        if root.name.startswith("ashd-"):  # short_tmp's, removed before this ran
+            shutil.rmtree(root, ignore_errors=True)

@@ -12,6 +12,7 @@ from ashd.http._errors import error_middleware
 from ashd.http._keys import COMPONENTS, KEY_CACHE, RATE_LIMITER
 from ashd.http._ratelimit import RateLimiter
 from ashd.http._storage_guard import storage_guard_middleware
+from ashd.http._strict import strict_query_middleware
 
 # Route modules register themselves here; each exposes a `routes` RouteTableDef.
 ROUTE_MODULES: list[str] = [
@@ -36,7 +37,7 @@ ROUTE_MODULES: list[str] = [
 def build_app(components: Components) -> web.Application:
     settings = components.settings
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware, storage_guard_middleware],
+        middlewares=[error_middleware, auth_middleware, strict_query_middleware, storage_guard_middleware],
         client_max_size=settings.max_body_bytes,
     )
     app[COMPONENTS] = components

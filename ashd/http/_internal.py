@@ -36,6 +36,8 @@ async def heartbeat(request: web.Request) -> web.Response:
     stats = body.get("stats") or {}
     if not isinstance(stats, dict):
         raise BadRequest("`stats` must be a PoolStats object")
+    for name in stats:
+        _int(stats, name)  # counts: a list or a 70-bit number must not reach the database
     await Runners(request.app[COMPONENTS].db).heartbeat(req_str(body, "runnerId", max_len=255), stats,
                                                      _int(body, "activeCount", 0))
     return ok({"ok": True})

@@ -10,6 +10,7 @@ from aiohttp import web
 from ashd.config import MIN_DISK_MB
 from ashd.errors import BadRequest
 from ashd.http._keys import TENANT
+from ashd.http._strict import check_body
 
 
 def dumps(value: Any) -> str:
@@ -33,6 +34,7 @@ async def body_object(request: web.Request, *, allow_empty: bool = False) -> dic
         raise BadRequest(f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise BadRequest("Request body must be a JSON object")
+    check_body(request, value)
     return value
 
 

@@ -27,12 +27,25 @@ _TAGS = [
 ]
 
 
+def _closed_request_bodies(paths: dict[str, Any]) -> None:
+    """Every JSON request body object refuses unknown fields (ashd.http._strict enforces it)."""
+    for item in paths.values():
+        for op in item.values():
+            schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            if schema is None:
+                continue
+            target = SCHEMAS[schema["$ref"].rsplit("/", 1)[-1]] if "$ref" in schema else schema
+            if target.get("type") == "object":
+                target.setdefault("additionalProperties", False)
+
+
 @functools.cache
 def _document() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for module in (_openapi_paths_resources, _openapi_paths_sessions, _openapi_paths_ops):
         for path, item in module.PATHS.items():
             paths.setdefault(path, {}).update(item)
+    _closed_request_bodies(paths)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ashd.http._openapi_common import body, op, path_param, query, reply, wrapped
-from ashd.http._openapi_schemas import BOOL, INT, STR, UUID, obj, ref
+from ashd.http._openapi_schemas import BOOL, EVENT_TYPES, INT, STR, UUID, obj, ref
 
 SID = path_param("id", "session id", fmt="uuid")
 SESSION = wrapped("session", ref("Session"))
@@ -138,7 +138,8 @@ PATHS: dict[str, dict[str, Any]] = {
                   {200: reply("Events ascending by sequence",
                               wrapped("events", ref("SessionEvent"), many=True))},
                   errors=(400, 404),
-                  params=[SID, PAGE_200, AFTER, query("type", STR, "only events of this type")]),
+                  params=[SID, PAGE_200, AFTER,
+                          query("type", {"type": "string", "enum": EVENT_TYPES}, "only events of this type")]),
     },
     "/api/sessions/{id}/model-calls": {
         "get": op("listModelCalls", "List the session's model calls (audit)", "sessions",

@@ -112,6 +112,12 @@ SCHEMAS: dict[str, Schema] = {
         "maxBudgetUsd": {"type": "number", "exclusiveMinimum": 0,
                          "description": "the most this message's model calls may cost, in USD; the model proxy "
                                         "refuses calls past it (the turn ends with an `error` frame)"},
+        # Options of the published client (ash-ai-sdk): accepted so that its requests pass the
+        # strict body check, and not used by ashd.
+        "maxTurns": {"type": "integer", "description": "sent by ash-ai-sdk; accepted, not used"},
+        "effort": {"type": "string", "description": "sent by ash-ai-sdk; accepted, not used"},
+        "thinking": {"type": "object", "description": "sent by ash-ai-sdk; accepted, not used"},
+        "outputFormat": {"type": "object", "description": "sent by ash-ai-sdk; accepted, not used"},
     }, ("content",)),
     "Message": obj({
         "id": UUID, "sessionId": UUID, "tenantId": STR,

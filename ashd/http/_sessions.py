@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from ashd.backends import NewSession
-from ashd.errors import BadRequest
+from ashd.errors import BadRequest, SandboxError, ServiceError
 from ashd.http._json import (
     body_object,
     ok,
@@ -117,8 +117,22 @@ async def create_session(request: web.Request) -> web.Response:
     new = NewSession(session_id=session_id, tenant=ten, agent_name=agent_name, agent=agent,
                      model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id,
                      encrypted_env=encrypted)
-    session = await sessions.create(new)
+    try:
+        session = await sessions.create(new)
+    except SandboxError as exc:
+        raise await _with_session_id(Sessions(components.db), ten, session_id, exc) from exc
     return ok({"session": session}, status=201, headers={"Location": f"/api/sessions/{session_id}"})
+
+
+async def _with_session_id(sessions: Sessions, ten: str, session_id: str, exc: SandboxError) -> SandboxError:
+    """A start that failed after the session was stored (its setup, say) names the session it left
+    in `error`, so the client can read its events, resume it once fixed, or delete it."""
+    try:
+        row = await sessions.get(ten, session_id)
+    except ServiceError:
+        return exc  # nothing was stored: the error is all there is
+    return SandboxError(f"{exc.message} (session {session_id} is left `{row.status}`: GET /api/sessions/"
+                        f"{session_id}/events has its output; resume or delete it)", headers=exc.headers)
 
 
 @routes.get("/api/sessions")

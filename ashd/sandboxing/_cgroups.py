@@ -18,6 +18,9 @@ import hashlib
 import logging
 import os
 import signal
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +153,36 @@ class SandboxCgroup:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+    def charged(self) -> int:
+        """Tasks the pids controller still counts: alive, exiting or zombie. cgroup.procs drops a
+        task as soon as it starts exiting, and rmdir then succeeds, while the task may still be
+        tearing down (a pid namespace's init waits there for its children) or sit, a zombie,
+        until its parent reaps it; this count reaches 0 only once every task has been reaped."""
+        try:
+            return int((self._dir("pids") / "pids.current").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def kill_and_remove(self, timeout: float, reap: Callable[[], object] = lambda: None) -> bool:
+        """SIGKILL what is left, wait until every task is reaped, then rmdir; True when all of it
+        happened within `timeout`. `reap` runs on each round, for a child only the caller reaps.
+        Past `timeout` the directories are still removed if the kernel lets us (it does once the
+        tasks left are all exiting), so cgroups do not pile up behind a host that never reaps."""
+        pause = threading.Event()
+        deadline = time.monotonic() + timeout
+        while True:
+            self.kill_all()
+            reap()
+            left = self.charged()
+            if left == 0 and self.remove():
+                return True
+            if time.monotonic() >= deadline:
+                removed = self.remove()
+                log.error("sandbox cgroup %s: %d tasks still not reaped after %.0f s; cgroup %s", self.dirs,
+                          left, timeout, "removed" if removed else "left for the next start's sweep")
+                return False
+            pause.wait(0.005)
 
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone. Needs the processes dead and reaped."""

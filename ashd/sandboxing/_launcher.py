@@ -28,7 +28,7 @@ from ashd.sandboxing._egress_policy import EgressPolicy, resolv_conf
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
 from ashd.sandboxing._netns import SandboxLink
 from ashd.sandboxing._network import SandboxNetworking
-from ashd.sandboxing._process import PopenChild, SandboxProcess
+from ashd.sandboxing._process import CLEANUP_TIMEOUT, PopenChild, SandboxProcess
 from ashd.sandboxing._reaper import reap_leftovers
 from ashd.sandboxing._seccomp import SeccompPrograms, program_fd
 from ashd.sandboxing._types import (
@@ -277,8 +277,7 @@ class SandboxLauncher:
             child = self._spawner.submit(self._spawn, spec, cgroup, netns).result()
         except BaseException:
             if cgroup is not None:
-                cgroup.kill_all()
-                cgroup.remove()
+                cgroup.kill_and_remove(CLEANUP_TIMEOUT)
             if self._network is not None:
                 self._network.release(spec.sandbox_id)
             raise

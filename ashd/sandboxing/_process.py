@@ -27,7 +27,7 @@ from ashd.sandboxing._types import ExitInfo, ExitReason, SandboxLimits, SandboxP
 
 log = logging.getLogger(__name__)
 
-# How long cleanup waits for killed processes to be reaped before giving up on the rmdir.
+# How long a kill waits for the monitor, and cleanup for every killed process to be reaped.
 CLEANUP_TIMEOUT = 10.0
 
 
@@ -56,16 +56,27 @@ class PopenChild:
             return None
 
 
-def _is_payload(pid: int) -> bool:
-    """In a pid namespace below the host's (NSpid lists one pid per level) and not its pid 1."""
+def _ns_pids(pid: int) -> list[str]:
+    """The process's pid at each pid namespace level, the host's first (empty once it is gone)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("NSpid:"):
-                levels = line.split()[1:]
-                return len(levels) > 1 and levels[-1] != "1"
+                return line.split()[1:]
     except OSError:
         pass
-    return False
+    return []
+
+
+def _is_payload(pid: int) -> bool:
+    """In a pid namespace below the host's and not its pid 1."""
+    levels = _ns_pids(pid)
+    return len(levels) > 1 and levels[-1] != "1"
+
+
+def _is_sandbox_init(pid: int) -> bool:
+    """The pid 1 of a pid namespace below the host's."""
+    levels = _ns_pids(pid)
+    return len(levels) > 1 and levels[-1] == "1"
 
 
 class SandboxProcess:
@@ -160,7 +171,16 @@ class SandboxProcess:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL the whole sandbox, monitor included."""
+        """SIGKILL the whole sandbox, monitor included.
+
+        The sandbox's pid 1 goes first, alone: the kernel kills the rest of its pid namespace,
+        that pid 1 reaps them, the monitor reaps the pid 1 and exits, so once the monitor has
+        exited the namespace is empty. Killing the monitor in the same sweep would orphan the
+        pid 1 to the host's init, which reaps it when it gets round to it (seconds on some hosts),
+        and the sandbox's processes would outlive its cleanup. Everything left (a sandbox with no
+        pid 1 yet, a monitor that does not exit) is then killed at once."""
+        if self._kill_namespace() and self._child.wait_status(CLEANUP_TIMEOUT) is not None:
+            return
         if self.cgroup is not None:
             self.cgroup.kill_all()
         else:
@@ -168,6 +188,18 @@ class SandboxProcess:
                 os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
+
+    def _kill_namespace(self) -> bool:
+        """SIGKILL the sandbox's pid 1 while its monitor runs; False when there is none to kill."""
+        if not self.isolated or self.cgroup is None or self.poll() is not None:
+            return False
+        killed = False
+        for pid in self.cgroup.pids():
+            if _is_sandbox_init(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+        return killed
 
     def shutdown(self, request_exit: Callable[[], None] | None, grace: float = 2.0) -> ShutdownRung:
         """Protocol request -> wait -> SIGTERM -> wait -> SIGKILL; returns the rung that ended it."""
@@ -211,7 +243,8 @@ class SandboxProcess:
             self.kill()
             self._child.wait_status(CLEANUP_TIMEOUT)
         if self.cgroup is not None:
-            self._remove_cgroup(self.cgroup)
+            # Whatever escaped the monitor's reaping goes too, and is reaped, before the rmdir.
+            self.cgroup.kill_and_remove(CLEANUP_TIMEOUT, reap=self._child.poll_status)
         with contextlib.suppress(FileNotFoundError):
             for sock in self.paths.run.glob("*.sock"):
                 with contextlib.suppress(FileNotFoundError):
@@ -220,13 +253,3 @@ class SandboxProcess:
             self._cleaned = True
         if self._on_cleanup is not None:
             self._on_cleanup(self)
-
-    def _remove_cgroup(self, cgroup: SandboxCgroup) -> None:
-        # Killed processes leave the cgroup only once reaped (by their pid-1 or by us): retry briefly.
-        done = threading.Event()
-        for _ in range(int(CLEANUP_TIMEOUT / 0.01)):
-            cgroup.kill_all()
-            if cgroup.remove():
-                return
-            done.wait(0.01)
-        log.error("sandbox %s: cgroup %s could not be removed", self.sandbox_id, cgroup.dirs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
+import time
 from pathlib import Path
 
 from ashd.sandboxing._cgroups import CgroupTree, detect_version
@@ -21,18 +21,15 @@ def reap_leftovers(data_dir: Path, tree: CgroupTree | None = None) -> int:
     if tree is None and detect_version() != "none":
         tree = CgroupTree(data_dir)
     if tree is not None:
-        pause = threading.Event()
-        for cg in tree.existing():
-            pids = cg.pids()
-            killed += len(pids)
-            for _ in range(int(REMOVE_TIMEOUT / 0.01)):
-                cg.kill_all()
-                if cg.remove():
-                    break
-                # Killed processes stay members until their parent (often init) reaps them.
-                pause.wait(0.01)
-            else:
-                log.error("leftover sandbox cgroup %s could not be removed", cg.dirs)
+        leftovers = tree.existing()
+        for cg in leftovers:
+            killed += len(cg.pids())
+            cg.kill_all()
+        # Killed together, drained under one deadline: their monitors died with the old server,
+        # so the host's init reaps their pid-1s, and it may take its time.
+        deadline = time.monotonic() + REMOVE_TIMEOUT
+        for cg in leftovers:
+            cg.kill_and_remove(max(0.0, deadline - time.monotonic()))
     if tree is not None:
         tree.sweep_empty_parents()
     for sock in (data_dir / "sandboxes").glob("*/disk/run/*.sock"):

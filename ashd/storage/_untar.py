@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1024 * 1024
 
@@ -83,26 +83,28 @@ def check_member(member: tarfile.TarInfo, dest_real: str) -> list[str]:
 Owner = tuple[int, int] | None  # (uid, gid) for what is created; None: the caller's own
 
 
-def _own(fd: int, owner: Owner) -> None:
-    if owner is not None:
+def own(fd: int, owner: Owner) -> None:
+    """Give what `fd` names to `owner`; only root can, and a server that is not root has no other
+    user to give it to (weak isolation: the sandbox runs as the server's own user)."""
+    if owner is not None and os.geteuid() == 0:
         os.fchown(fd, owner[0], owner[1])
 
 
 def _open_dir(parent_fd: int, name: str, *, create: bool, owner: Owner = None) -> int:
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         if not create:
             raise
         os.mkdir(name, 0o700, dir_fd=parent_fd)
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-        _own(fd, owner)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        own(fd, owner)
         return fd
     except OSError as exc:  # ELOOP: a link; ENOTDIR: a file
         raise Refused(f"{name!r} on the way is a link or a file, not a directory") from exc
 
 
-def _walk(root_fd: int, parts: list[str], *, create: bool, owner: Owner = None) -> int:
+def walk_dirs(root_fd: int, parts: list[str], *, create: bool, owner: Owner = None) -> int:
     """An fd of the directory `parts` names below root_fd, never following a link."""
     fd = os.dup(root_fd)
     try:
@@ -116,7 +118,7 @@ def _walk(root_fd: int, parts: list[str], *, create: bool, owner: Owner = None) 
     return fd
 
 
-def _clear(dir_fd: int, name: str) -> None:
+def clear(dir_fd: int, name: str) -> None:
     """Make room for a new file or link: unlink what is there, unless it is a directory."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -128,10 +130,10 @@ def _clear(dir_fd: int, name: str) -> None:
 
 
 def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, dir_fd: int, name: str, owner: Owner) -> None:
-    _clear(dir_fd, name)
+    clear(dir_fd, name)
     mode = _file_mode(member.mode)
     fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dir_fd)
-    _own(fd, owner)
+    own(fd, owner)
     with os.fdopen(fd, "wb") as out:
         src = tf.extractfile(member)
         if src is not None:
@@ -145,25 +147,25 @@ def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, dir_fd: int, name:
 
 def _write(tf: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, parts: list[str], owner: Owner) -> None:
     if member.isdir():
-        os.close(_walk(root_fd, parts, create=True, owner=owner))
+        os.close(walk_dirs(root_fd, parts, create=True, owner=owner))
         return
-    dir_fd = _walk(root_fd, parts[:-1], create=True, owner=owner)
+    dir_fd = walk_dirs(root_fd, parts[:-1], create=True, owner=owner)
     try:
         name = parts[-1]
         if member.isreg():
             _write_file(tf, member, dir_fd, name, owner)
         elif member.issym():
-            _clear(dir_fd, name)
+            clear(dir_fd, name)
             os.symlink(member.linkname, name, dir_fd=dir_fd)
-            if owner is not None:
+            if owner is not None and os.geteuid() == 0:
                 os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
         else:  # hard link: to an entry already extracted, found without following links
             src_parts = _clean_parts(member.linkname)
             if not src_parts:
                 raise Refused("a hard link without a target")
-            src_fd = _walk(root_fd, src_parts[:-1], create=False)
+            src_fd = walk_dirs(root_fd, src_parts[:-1], create=False)
             try:
-                _clear(dir_fd, name)
+                clear(dir_fd, name)
                 os.link(src_parts[-1], name, src_dir_fd=src_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
             finally:
                 os.close(src_fd)
@@ -178,7 +180,7 @@ def extract(tf: tarfile.TarFile, dest: Path, keep: Callable[[str], bool], owner:
     outcome = Outcome()
     links: list[str] = []
     dest_real = os.path.realpath(dest)
-    root_fd = os.open(dest_real, _DIR_FLAGS)
+    root_fd = os.open(dest_real, DIR_FLAGS)
     try:
         for member in tf:
             try:
@@ -217,7 +219,7 @@ def _drop_escaping_links(root_fd: int, dest_real: str, outcome: Outcome, links: 
             outcome.skipped.append(f"{rel!r}: a link that leads outside the destination")
             parts = rel.split("/")
             try:
-                dir_fd = _walk(root_fd, parts[:-1], create=False)
+                dir_fd = walk_dirs(root_fd, parts[:-1], create=False)
             except (Refused, OSError):
                 continue
             try:

@@ -146,6 +146,20 @@ def test_cleanup_leaves_no_process_cgroup_or_socket(launcher: SandboxLauncher) -
     assert list(proc.paths.run.glob("*.sock")) == []
 
 
+def test_a_killed_sandbox_is_reaped_whole_when_wait_returns(launcher: SandboxLauncher) -> None:
+    proc = _start_double(launcher, "reaped", "stubborn", children=3)
+    assert proc.cgroup is not None
+    wait_for(lambda: len(proc._payload_pids()) >= 4, 30, "the double's children")
+    pids = proc.sandbox_pids()
+    proc.kill()
+    assert proc.wait(30).returncode == -signal.SIGKILL
+    # Reaped, not merely dead: a pid 1 orphaned to the host's init lingers as a zombie (or still
+    # waits for its own zombies) for as long as that init takes to reap it.
+    assert proc.cgroup.charged() == 0
+    assert not any(psutil.pid_exists(p) for p in pids)
+    proc.cleanup()
+
+
 def test_destroy_dirs_can_keep_the_workspace(launcher: SandboxLauncher) -> None:
     paths = launcher.prepare("keeper")
     (paths.workspace / "file.txt").write_text("kept")

@@ -43,7 +43,7 @@ async def test_uploaded_files_are_the_agents_to_read_and_change(sapi: Api) -> No
                                  "md5sum < inbox/img/logo.png")
     lines = out.splitlines()
     uid = lines[3]
-    assert lines[0:3] == [f"{uid} 755", f"{uid} 755", f"{uid} 644"]
+    assert lines[0:3] == [f"{uid} 700", f"{uid} 700", f"{uid} 644"]
     assert lines[4:6] == ["buy milk", "more"]
     import hashlib
 

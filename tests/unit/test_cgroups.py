@@ -196,3 +196,35 @@ def test_cpu_time_is_read_from_the_accounting_of_each_version(tmp_path: Path) ->
     assert len(cg1.procs_files) == 4
     (cg1.dirs["cpuacct"] / "cpuacct.usage").write_text("1500000000\n")
     assert cg1.cpu_seconds() == 1.5
+
+
+def test_kill_and_remove_waits_for_every_task_to_be_reaped(tmp_path: Path) -> None:
+    fake_v1(tmp_path / "cg")
+    tree = CgroupTree(tmp_path / "data", mount_root=tmp_path / "cg", proc_self_cgroup=V1_SELF)
+    tree.setup()
+    cg = tree.create("draining", LIMITS)
+    for d in cg.dirs.values():  # a real cgroupfs removes its files with the dir
+        for f in d.iterdir():
+            f.unlink()
+    # cgroup.procs is empty, but one task is still charged (exiting, or a zombie nobody reaped).
+    (cg.dirs["pids"] / "pids.current").write_text("1\n")
+    assert cg.charged() == 1
+    reaps: list[int] = []
+
+    def reap() -> None:
+        reaps.append(1)
+        if len(reaps) == 3:
+            (cg.dirs["pids"] / "pids.current").unlink()  # reaped: the kernel's count drops to 0
+
+    assert cg.kill_and_remove(10.0, reap=reap)
+    assert len(reaps) == 3  # not removed while the task was still charged
+    assert not any(d.exists() for d in cg.dirs.values())
+
+
+def test_kill_and_remove_gives_up_on_a_task_never_reaped(tmp_path: Path) -> None:
+    fake_v1(tmp_path / "cg")
+    tree = CgroupTree(tmp_path / "data", mount_root=tmp_path / "cg", proc_self_cgroup=V1_SELF)
+    tree.setup()
+    cg = tree.create("stuck", LIMITS)
+    (cg.dirs["pids"] / "pids.current").write_text("1\n")
+    assert not cg.kill_and_remove(0.0)

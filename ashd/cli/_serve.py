@@ -1,0 +1,52 @@
+"""`ashd serve`, with the one start failure an operator meets most, a taken port, said in one line
+before anything starts (instead of a traceback after the sandbox zygote is up)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+
+import click
+
+from ashd.config import Settings, load_settings
+from ashd.logs import setup_logging
+
+
+def _taken(settings: Settings) -> click.ClickException:
+    return click.ClickException(
+        f"port {settings.port} on {settings.host} is already in use (another ashd? "
+        f"`ss -ltnp 'sport = :{settings.port}'` shows which program); stop it or choose another port with SERVICE_PORT")
+
+
+def check_port(settings: Settings) -> None:
+    """Bind the address once, the way the server will (SO_REUSEADDR, as aiohttp does on Linux)."""
+    try:
+        infos = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"SERVICE_HOST {settings.host!r} does not resolve: {exc.strerror}") from exc
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise _taken(settings) from exc
+                raise click.ClickException(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from exc
+
+
+@click.command("serve")
+def serve() -> None:
+    """Run the service (configuration from SERVICE_* variables; see `ashd config`)."""
+    from ashd.app import run
+
+    settings = load_settings()
+    check_port(settings)
+    setup_logging(settings.log_level)
+    try:
+        asyncio.run(run(settings))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:  # taken between the check and the start
+            raise _taken(settings) from exc
+        raise
