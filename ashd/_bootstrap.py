@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ashd.config import Settings
 from ashd.errors import ConfigError
-from ashd.storage._apikeys import DEFAULT_TENANT, ENV_SOURCE, ApiKeys
+from ashd.storage import DEFAULT_TENANT, ENV_SOURCE, ApiKeys
 
 log = logging.getLogger(__name__)
 INITIAL_KEY_FILE = "initial-api-key"

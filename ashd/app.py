@@ -18,17 +18,21 @@ from aiohttp import web
 
 from ashd import __version__
 from ashd._bootstrap import ensure_api_keys, ensure_internal_secret, prepare_data_dir
+from ashd.components import Components, coordinator_id
 from ashd.config import Settings
-from ashd.http._app import build_app
-from ashd.http._auth import KeyCache
-from ashd.http._ratelimit import RateLimiter
+from ashd.http import build_app, configuration_warnings
 from ashd.metrics import Metrics
-from ashd.services import Services
-from ashd.storage import Database
-from ashd.storage._apikeys import ApiKeys
-from ashd.storage._crypto import Cipher, load_or_create_key
-from ashd.storage._diskspace import MIB, DataDirSpace
-from ashd.storage._holdings import TenantStorage
+from ashd.storage import (
+    MIB,
+    Agents,
+    ApiKeys,
+    Cipher,
+    Credentials,
+    Database,
+    DataDirSpace,
+    TenantStorage,
+    load_or_create_key,
+)
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -37,54 +41,59 @@ StopStep = Callable[[], Awaitable[None]]
 class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.services: Services | None = None
+        self.components: Components | None = None
         self.app: web.Application | None = None
         self._stops: list[tuple[str, StopStep]] = []
         self._runner: web.AppRunner | None = None
 
-    async def start_components(self) -> Services:
-        """Storage and actors; everything but the listening socket (tests use this with their client)."""
+    async def start_components(self) -> Components:
+        """Storage, then actors, then the HTTP application; everything but the listening socket
+        (tests use this with their own client). Each step registers its stop as it succeeds."""
         settings = self.settings
+        # Storage.
         data = prepare_data_dir(settings)
         db = await Database.open(settings.effective_database_url)
         self._stops.append(("database", db.close))
         keys = await ApiKeys.open(db)
         await ensure_api_keys(settings, keys)
         cipher = Cipher(load_or_create_key(settings.credential_key, data))
-        services = Services(
-            settings=settings,
-            db=db,
-            api_keys=keys,
-            cipher=cipher,
-            key_cache=KeyCache(),
-            rate_limiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
-            metrics=Metrics(),
-            internal_secret=ensure_internal_secret(settings),
-            data_space=DataDirSpace(data, settings.data_dir_min_free_mb * MIB, settings.data_dir_warn_free_mb * MIB),
-        )
-        self.services = services
-        from ashd.http._health import warnings
-
-        for warning in await warnings(services):
+        internal_secret = ensure_internal_secret(settings)
+        agents = Agents(db, cipher, settings.data_path, settings.agent_root_paths,
+                        settings.agent_max_upload_mb * MIB)
+        credentials = Credentials(db, cipher)
+        data_space = DataDirSpace(data, settings.data_dir_min_free_mb * MIB, settings.data_dir_warn_free_mb * MIB)
+        metrics = Metrics()
+        server_id = coordinator_id()
+        for warning in await configuration_warnings(settings, keys):
             log.warning(warning)
-        from ashd import runtime  # actors and sandboxes; imported late to keep the CLI light
+        # Actors and sandboxes; imported late to keep the CLI light.
+        from ashd import runtime
 
-        for name, stop in await runtime.start(services):
-            self._stops.append((name, stop))
-        services.tenant_storage = TenantStorage(db, services.snapshot_board, settings)
-        self.app = build_app(services)
+        local = await runtime.start(runtime.StorageParts(settings, db, cipher, agents, credentials, metrics,
+                                                         server_id), self._stops)
+        # HTTP.
+        components = Components(
+            settings=settings, db=db, api_keys=keys, cipher=cipher, agents=agents, credentials=credentials,
+            metrics=metrics, data_space=data_space,
+            tenant_storage=TenantStorage(db, local.snapshot_board, settings),
+            sessions=local.backend, model_proxy=local.model_proxy, pool_stats=local.pool.board.read,
+            isolation=local.launcher.isolation, local=local,
+            internal_secret=internal_secret, coordinator_id=server_id,
+        )
+        self.components = components
+        self.app = build_app(components)
         self.app.on_shutdown.append(self._on_shutdown)
         log.info("ashd components started", extra={
             "version": __version__, "python": f"{platform.python_version()} ({sys.executable})", "mode": settings.mode,
             "database": Database.describe(settings.effective_database_url), "dataDir": str(data),
         })
-        return services
+        return components
 
     async def _on_shutdown(self, _app: web.Application) -> None:
         from ashd import runtime
 
-        if self.services is not None:
-            await runtime.drain(self.services)
+        if self.components is not None:
+            await runtime.drain(self.components.sessions, self.settings.shutdown_grace_seconds)
 
     async def serve(self) -> None:
         await self.start_components()
@@ -97,6 +106,7 @@ class Server:
         log.info("listening", extra={"host": self.settings.host, "port": self.settings.port})
 
     async def stop(self) -> None:
+        """HTTP first, then the rest in the reverse order of start."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ashd.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ashd.sandboxing._egress_policy import EgressPolicy
+    from ashd.sandboxing import EgressPolicy
 
 MIN_DISK_MB = 32  # a smaller ext4 image is mostly metadata and journal
 
@@ -150,21 +150,21 @@ def _explained(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 @_explained
 def _subnet(raw: str) -> str:
-    from ashd.sandboxing._egress_policy import parse_subnet
+    from ashd.sandboxing import parse_subnet
 
     return str(parse_subnet(raw))
 
 
 @_explained
 def _dns_list(raw: str) -> str | None:
-    from ashd.sandboxing._egress_policy import parse_dns
+    from ashd.sandboxing import parse_dns
 
     return ",".join(str(a) for a in parse_dns(raw)) if raw.strip() else None
 
 
 @_explained
 def _egress_allow(raw: str) -> str | None:
-    from ashd.sandboxing._egress_policy import parse_allow
+    from ashd.sandboxing import parse_allow
 
     return ",".join(str(e) for e in parse_allow(raw)) or None
 
@@ -200,7 +200,7 @@ def _model_prices(raw: str) -> object:
 
 
 def _tenant_budgets(raw: str) -> object:
-    from ashd.sandboxing._model_policy import parse_tenant_budgets
+    from ashd.sandboxing import parse_tenant_budgets
 
     return parse_tenant_budgets(raw)
 
@@ -482,7 +482,7 @@ class Settings:
         return self.database_url or f"sqlite+aiosqlite:///{self.data_path / 'ashd.db'}"
 
     def egress_policy(self) -> EgressPolicy:
-        from ashd.sandboxing._egress_policy import EgressPolicy
+        from ashd.sandboxing import EgressPolicy
 
         return EgressPolicy.parse(subnet=self.sandbox_network_subnet, dns=self.sandbox_network_dns,
                                   allow=self.sandbox_egress_allow, public=self.sandbox_egress_public)

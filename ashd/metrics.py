@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 if TYPE_CHECKING:
-    from ashd.storage._diskspace import DiskSpace
+    from ashd.storage import DiskSpace
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 POOL_STATES = ("cold", "warming", "warm", "waiting", "running")

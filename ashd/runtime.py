@@ -1,7 +1,9 @@
 """Actors and sandboxes of a running server: started after storage, stopped before it.
 
-Order: sandbox launcher (isolation probe, cgroups, zygote) → snapshot actor → model proxy →
-orphaned sessions paused → session registry → pool actor (which pre-warms). Stop is the reverse.
+Order (`start`, top to bottom): sandbox launcher (isolation probe, cgroups, zygote) → snapshot
+actor → model proxy → orphaned sessions paused, leftover workspaces rescued → warmer → pool actor
+(which pre-warms) → session registry and its backend. Stop is the reverse, except that the pool
+stops first: sandboxes go before the launcher and the snapshot actor they use.
 """
 
 from __future__ import annotations
@@ -16,20 +18,36 @@ from typing import Any
 
 import pykka
 
-from ashd.actors._aio import call
-from ashd.actors._board import StatsBoard
-from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
-from ashd.actors._pool_types import SandboxLost
-from ashd.actors._session_deps import SessionDeps
-from ashd.actors._sessions import SessionRegistry
-from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.actors import (
+    PoolActor,
+    PoolConfig,
+    SandboxLost,
+    SessionDeps,
+    SessionRegistry,
+    SnapshotActor,
+    StatsBoard,
+    TurnLimits,
+    Warmer,
+    call,
+    default_capacity,
+    snapshot_proxy,
+    stop_actor,
+    tell_loop,
+)
+from ashd.backends import BundleConfig, LocalBackend, SessionBackend, TurnDriver, latest_snapshot, snapshot_reader
+from ashd.config import Settings
 from ashd.logs import emit_line
-from ashd.sandboxing import LauncherConfig, SandboxLauncher, SandboxLimits, SandboxSpec
-from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.services import Services
-from ashd.storage._models import iso, utcnow
-from ashd.storage._sessions import Sessions
-from ashd.storage._snapshots import SnapshotBoard
+from ashd.metrics import Metrics
+from ashd.sandboxing import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    LauncherConfig,
+    ModelProxy,
+    SandboxLauncher,
+    SandboxLimits,
+    SandboxSpec,
+)
+from ashd.storage import Agents, Cipher, Credentials, Database, Sessions, SnapshotBoard, iso, record_usage, utcnow
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -44,158 +62,211 @@ class PoolRef:
     board: StatsBoard
 
 
+@dataclass(frozen=True)
+class StorageParts:
+    """What the actors need of the storage layer, opened before them."""
+
+    settings: Settings
+    db: Database
+    cipher: Cipher
+    agents: Agents
+    credentials: Credentials
+    metrics: Metrics
+    server_id: str  # this process: the model proxy's records name it
+
+
+@dataclass(frozen=True)
+class LocalSessions:
+    """This process's sandboxes and actors, as `start` built them."""
+
+    launcher: SandboxLauncher
+    snapshots: Any  # SnapshotActor proxy
+    snapshot_board: SnapshotBoard
+    model_proxy: ModelProxy
+    pool: PoolRef
+    registry: SessionRegistry
+    backend: LocalBackend
+
+
+class _LostSandboxes:
+    """The pool reports a lost sandbox to the session registry, which is built after it (the
+    registry's actors need the pool): the registry is attached once it exists."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.registry: SessionRegistry | None = None
+
+    def __call__(self, lost: SandboxLost) -> None:  # on the pool actor's thread
+        if self.registry is not None:
+            tell_loop(self._loop, self.registry.on_sandbox_lost, lost)
+
+
 def sandbox_env() -> dict[str, str]:
     env = {"LANG": "C.UTF-8"}
     env.update({k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ})
     return env
 
 
-async def start(services: Services) -> list[tuple[str, StopStep]]:
-    settings = services.settings
-    stops: list[tuple[str, StopStep]] = []
+def sandbox_limits(settings: Settings) -> SandboxLimits:
+    return SandboxLimits(memory_bytes=settings.sandbox_memory_mb * 1024 * 1024, pids=settings.sandbox_pids,
+                         cpu_cores=settings.sandbox_cpu, disk_bytes=settings.sandbox_disk_mb * 1024 * 1024)
+
+
+async def start(parts: StorageParts, stops: list[tuple[str, StopStep]]) -> LocalSessions:
+    """Start everything in order; each started piece registers its stop in `stops` at once, so a
+    failing step leaves the caller able to stop what came before it."""
+    settings = parts.settings
     if settings.mode == "coordinator":
         # The runner registry endpoints work, but routing sessions to runners is not built yet:
         # say so instead of silently behaving like standalone.
         log.warning("SERVICE_MODE=coordinator: sessions are not routed to runners yet; they run in this "
                     "server's local sandbox pool (the runner registry endpoints are available)")
-    loop = asyncio.get_running_loop()
-    limits = SandboxLimits(memory_bytes=settings.sandbox_memory_mb * 1024 * 1024, pids=settings.sandbox_pids,
-                           cpu_cores=settings.sandbox_cpu, disk_bytes=settings.sandbox_disk_mb * 1024 * 1024)
+    launcher = await _start_launcher(settings, stops)
+    board = SnapshotBoard()
+    snapshots = _start_snapshots(settings, board, stops)
+    model_proxy = _model_proxy(parts)
+    stops.append(("model proxy", model_proxy.close))
+    sessions = Sessions(parts.db)
+    orphans = await sessions.pause_orphans()
+    if orphans:
+        log.info("paused sessions left active by the previous process", extra={"count": len(orphans)})
+    await _rescue_workspaces(sessions, snapshots, launcher, settings.actor_timeout_seconds)
+    warmer = Warmer(asyncio.get_running_loop(), model_proxy, settings.actor_timeout_seconds)
+    stops.append(("warmer", warmer.close))
+    lost = _LostSandboxes(asyncio.get_running_loop())
+    pool = await _start_pool(settings, launcher, snapshots, lost, warmer)
+    registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer))
+    lost.registry = registry
+    bundles = BundleConfig(Path(settings.data_dir), settings.snapshot_max_mb * 1024 * 1024,
+                           latest_snapshot(snapshots, settings.actor_timeout_seconds))
+    backend = LocalBackend(registry, _turn_driver(parts, sessions, pool.proxy, model_proxy),
+                           snapshot_reader(snapshots, settings.actor_timeout_seconds), bundles)
+    stops.append(("session actors", backend.close))
+
+    # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
+    stops.append(("pool actor", lambda: stop_actor(pool.ref, settings.actor_timeout_seconds)))
+    return LocalSessions(launcher, snapshots, board, model_proxy, pool, registry, backend)
+
+
+async def _start_launcher(settings: Settings, stops: list[tuple[str, StopStep]]) -> SandboxLauncher:
     _check_socket_paths(settings.data_path)
-    launcher = SandboxLauncher(LauncherConfig(data_dir=settings.data_path, limits=limits,
+    launcher = SandboxLauncher(LauncherConfig(data_dir=settings.data_path, limits=sandbox_limits(settings),
                                               use_zygote=settings.zygote,
                                               allow_weak_isolation=settings.allow_weak_isolation,
                                               egress=settings.egress_policy(),
                                               preallocate_disk=settings.sandbox_disk_preallocate))
     await asyncio.to_thread(launcher.start)
     stops.append(("sandbox launcher", lambda: asyncio.to_thread(launcher.stop)))
-    services.isolation = launcher.isolation
     if settings.sandbox_ptrace_agents:
         log.warning("seccomp: the sandboxes of %d agent(s) may ptrace (SERVICE_SANDBOX_PTRACE_AGENTS)",
                     len(settings.sandbox_ptrace_agents))
-    services.extras["launcher"] = launcher
+    return launcher
 
+
+def _start_snapshots(settings: Settings, board: SnapshotBoard, stops: list[tuple[str, StopStep]]) -> Any:
     remote = None
     if settings.snapshot_url:
-        from ashd.storage._snapshots_stores import store_from_url
+        from ashd.storage import store_from_url
 
         remote = store_from_url(settings.snapshot_url, settings.snapshots_keep)
-    services.snapshot_board = SnapshotBoard()
-    snap_ref = SnapshotActor.start(settings.data_path / "snapshots", remote, keep=settings.snapshots_keep,
-                                   max_bytes=settings.snapshot_max_mb * 1024 * 1024,
-                                   board=services.snapshot_board)
-    snapshots = snapshot_proxy(snap_ref)
-    services.snapshots = snapshots
+    ref = SnapshotActor.start(settings.data_path / "snapshots", remote, keep=settings.snapshots_keep,
+                              max_bytes=settings.snapshot_max_mb * 1024 * 1024, board=board)
 
-    async def stop_snapshots() -> None:
-        await asyncio.to_thread(lambda: snap_ref.stop(block=True, timeout=settings.actor_timeout_seconds))
+    stops.append(("snapshot actor", lambda: stop_actor(ref, settings.actor_timeout_seconds)))
+    return snapshot_proxy(ref)
 
-    stops.append(("snapshot actor", stop_snapshots))
 
-    model_proxy = _model_proxy(services)
-    stops.append(("model proxy", model_proxy.close))
-
-    sessions = Sessions(services.db)
-    orphans = await sessions.pause_orphans()
-    if orphans:
-        log.info("paused sessions left active by the previous process", extra={"count": len(orphans)})
-    await _rescue_workspaces(sessions, snapshots, launcher, settings.actor_timeout_seconds)
-
-    from ashd.storage._agents import resolve_agent
-    from ashd.storage._credentials import use_credential
-    from ashd.storage._usage import record_usage
-
-    def decrypt_env(blob: bytes | None, session_id: str) -> dict[str, str]:
-        value = services.cipher.decrypt_json(blob, session_id.encode()) if blob else None
-        return dict(value) if isinstance(value, dict) else {}
-
-    def count_resume(path: str, session_id: str, agent_name: str) -> None:
-        services.metrics.count_resume(path)
-        emit_line({"type": "resume_hit", "path": path, "sessionId": session_id, "agentName": agent_name,
-                   "ts": iso(utcnow())})
-
-    async def usage(tenant: str, session_id: str, agent_name: str, values: dict[str, float]) -> None:
-        await record_usage(services.db, tenant, session_id, agent_name, values)
-
-    pool_holder: dict[str, Any] = {}
-    registry_holder: dict[str, SessionRegistry] = {}
-
-    def on_lost(lost: SandboxLost) -> None:
-        registry = registry_holder.get("r")
-        if registry is not None:
-            loop.call_soon_threadsafe(registry.on_sandbox_lost, lost)
+async def _start_pool(settings: Settings, launcher: SandboxLauncher, snapshots: Any,
+                      on_lost: Callable[[SandboxLost], None], warmer: Warmer) -> PoolRef:
+    limits = sandbox_limits(settings)
 
     def spec_for(sandbox_id: str, network: bool) -> SandboxSpec:
         return SandboxSpec(sandbox_id=sandbox_id, paths=launcher.paths_for(sandbox_id), env=sandbox_env(),
                            limits=limits, network=network)
 
-    def snapshot_now(session_id: str, workspace: Path) -> None:
+    def snapshot_now(session_id: str, workspace: Path) -> None:  # on the pool actor's thread
         snapshots.snapshot(session_id, workspace).get(timeout=settings.actor_timeout_seconds)
 
     capacity = settings.max_sandboxes or default_capacity(limits.memory_bytes)
-    from ashd.actors._warmer import Warmer
-
-    warmer = Warmer(loop, model_proxy, settings.actor_timeout_seconds)
-    stops.append(("warmer", warmer.close))
-    pool_ref = PoolActor.start(
+    ref = PoolActor.start(
         PoolConfig(max_capacity=capacity, prewarm=min(settings.prewarm, capacity),
                    idle_timeout=float(settings.idle_timeout_seconds),
                    shutdown_grace=min(2.0, settings.shutdown_grace_seconds)),
         launcher, spec_for, snapshot_now, on_lost, warmer,
     )
-    pool_proxy = pool_ref.proxy()
-    board = await call(pool_proxy.board, settings.actor_timeout_seconds)
-    pool_holder["p"] = pool_proxy
-    services.pool = PoolRef(pool_ref, pool_proxy, board)
+    proxy = ref.proxy()
+    return PoolRef(ref, proxy, await call(proxy.board, settings.actor_timeout_seconds))
 
-    deps = SessionDeps(
-        loop=loop,
+
+def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots: Any, model_proxy: ModelProxy,
+                  warmer: Warmer) -> SessionDeps:
+    settings = parts.settings
+
+    def decrypt_env(blob: bytes | None, session_id: str) -> dict[str, str]:
+        value = parts.cipher.decrypt_json(blob, session_id.encode()) if blob else None
+        return dict(value) if isinstance(value, dict) else {}
+
+    def count_resume(path: str, session_id: str, agent_name: str) -> None:
+        parts.metrics.count_resume(path)
+        emit_line({"type": "resume_hit", "path": path, "sessionId": session_id, "agentName": agent_name,
+                   "ts": iso(utcnow())})
+
+    return SessionDeps(
+        loop=asyncio.get_running_loop(),
         sessions=sessions,
-        pool=pool_proxy,
+        pool=pool,
         snapshots=snapshots,
         model_proxy=model_proxy,
-        resolve_agent=lambda tenant, name: resolve_agent(services, tenant, name),
-        resolve_credential=lambda tenant, cid: use_credential(services, tenant, cid),
+        resolve_agent=parts.agents.resolve,
+        resolve_credential=parts.credentials.use,
         decrypt_env=decrypt_env,
         count_resume=count_resume,
-        record_usage=usage,
+        record_usage=_usage_recorder(parts.db),
         fallback_api_key=settings.anthropic_api_key,
         ask_timeout=settings.actor_timeout_seconds,
         setup_timeout=float(settings.setup_timeout_seconds),
         shutdown_grace=min(2.0, settings.shutdown_grace_seconds),
         network_default=settings.sandbox_network,
-        sandbox_owner=lambda _sid: _sandbox_owner(),
+        sandbox_owner=lambda _sid: (SANDBOX_UID, SANDBOX_GID),
         warmer=warmer,
         seccomp_profile=settings.seccomp_profile,
         context_window=settings.model_context_window,
         engine=settings.engine,
     )
-    registry = SessionRegistry(deps)
-    registry_holder["r"] = registry
-    services.sessions = registry
-    stops.append(("session actors", registry.stop_all))
-
-    async def stop_pool() -> None:
-        await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=settings.actor_timeout_seconds))
-
-    # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
-    stops.append(("pool actor", stop_pool))
-    return stops
 
 
-def _model_proxy(services: Services) -> ModelProxy:
+def _turn_driver(parts: StorageParts, sessions: Sessions, pool: Any, model_proxy: ModelProxy) -> TurnDriver:
+    settings = parts.settings
+
+    async def exit_info(sandbox_id: str) -> Any:
+        return await call(pool.exit_info(sandbox_id), settings.actor_timeout_seconds)
+
+    limits = TurnLimits(settings.turn_max_stored_mb * 1024 * 1024, settings.turn_max_events,
+                        settings.storage_retry_seconds)
+    return TurnDriver(sessions, limits, parts.metrics, model_proxy, _usage_recorder(parts.db), exit_info,
+                      settings.debug_timing)
+
+
+def _usage_recorder(db: Database) -> Callable[[str, str, str, dict[str, float]], Awaitable[None]]:
+    async def usage(tenant: str, session_id: str, agent_name: str, values: dict[str, float]) -> None:
+        await record_usage(db, tenant, session_id, agent_name, values)
+
+    return usage
+
+
+def _model_proxy(parts: StorageParts) -> ModelProxy:
     """The proxy meters into the configured database, like every other usage record."""
-    from ashd.sandboxing._model_policy import ModelPolicy
-    from ashd.storage._model_calls import session_spend, store_model_calls, tenant_spend
+    from ashd.sandboxing import ModelPolicy
+    from ashd.storage import session_spend, store_model_calls, tenant_spend
 
-    db, settings = services.db, services.settings
+    db, settings = parts.db, parts.settings
     return ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
                       default_key=lambda: settings.anthropic_api_key,
                       policy=ModelPolicy.from_settings(settings),
                       store=lambda records: store_model_calls(db, records),
                       session_spend=lambda sid: session_spend(db, sid),
                       tenant_spend=lambda tenant, since: tenant_spend(db, tenant, since),
-                      metrics=services.metrics, server_id=services.coordinator_id)
+                      metrics=parts.metrics, server_id=parts.server_id)
 
 
 async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: SandboxLauncher,
@@ -216,7 +287,7 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
         workspace = await asyncio.to_thread(launcher.mount_leftover, d.name) if session_id is not None else None
         if session_id is not None and workspace is not None:
             try:
-                await asyncio.to_thread(_snapshot_sync, snapshots, session_id, workspace, timeout * 4)
+                await call(snapshots.snapshot(session_id, workspace), timeout * 4)
             except Exception:
                 log.exception("could not snapshot a leftover workspace; keeping it",
                               extra={"sessionId": session_id, "sandboxId": d.name})
@@ -224,10 +295,6 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
             log.info("snapshotted the workspace of a sandbox left by the previous process",
                      extra={"sessionId": session_id, "sandboxId": d.name})
         await asyncio.to_thread(launcher.destroy_dirs, d.name)
-
-
-def _snapshot_sync(snapshots: Any, session_id: str, workspace: Path, timeout: float) -> None:
-    snapshots.snapshot(session_id, workspace).get(timeout=timeout)
 
 
 # sun_path is 108 bytes on Linux; the deepest socket is <data>/sandboxes/<id>/disk/run/bridge.sock.
@@ -247,19 +314,10 @@ def _check_socket_paths(data: Path) -> None:
         )
 
 
-def _sandbox_owner() -> tuple[int, int] | None:
-    from ashd.sandboxing import _layout
-
-    return (_layout.SANDBOX_UID, _layout.SANDBOX_GID)
-
-
-async def drain(services: Services) -> None:
-    """Graceful shutdown: running turns get `shutdown_grace_seconds` to finish and be stored."""
-    registry = services.sessions
-    if registry is None:
-        return
-    deadline = asyncio.get_running_loop().time() + services.settings.shutdown_grace_seconds
+async def drain(backend: SessionBackend, grace_seconds: float) -> None:
+    """Graceful shutdown: running turns get `grace_seconds` to finish and be stored."""
+    deadline = asyncio.get_running_loop().time() + grace_seconds
     while asyncio.get_running_loop().time() < deadline:
-        if await registry.running_count() == 0:
+        if await backend.running_turns() == 0:
             return
         await asyncio.sleep(0.1)

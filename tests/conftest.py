@@ -99,7 +99,7 @@ class Api:
             return resp.status, text
 
     async def new_tenant_key(self, tenant: str) -> str:
-        services = self.server.services
+        services = self.server.components
         assert services is not None
         _, key = await services.api_keys.mint(tenant, "test", source="operator")
         return key

@@ -27,8 +27,8 @@ from ashd.actors._board import StatsBoard
 from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, SandboxLost
 from ashd.actors._readiness import wait_bridge_ready
 from ashd.errors import CapacityError, SandboxError, ServiceError, StorageFull
-from ashd.sandboxing._types import ExitInfo, SandboxSpec
-from ashd.storage._failures import log_failure
+from ashd.sandboxing import ExitInfo, SandboxSpec
+from ashd.storage import log_failure
 
 log = logging.getLogger(__name__)
 
@@ -220,11 +220,6 @@ class PoolActor(AioActor):
             entry.state = PoolState.WAITING
             entry.last_active = time.monotonic()
             self._publish()
-
-    def touch(self, sandbox_id: str) -> None:
-        entry = self._entries.get(sandbox_id)
-        if entry is not None:
-            entry.last_active = time.monotonic()
 
     def count_resume(self, path: str) -> None:
         self._counters["resumeWarmHits" if path == "warm" else "resumeColdHits"] += 1

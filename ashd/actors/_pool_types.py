@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from ashd.sandboxing._types import SandboxPaths
+from ashd.sandboxing import SandboxPaths
 
 
 class PoolState(enum.Enum):

@@ -15,15 +15,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ashd.actors._aio import AioActor
+from ashd.actors._aio import AioActor, spawn_on_loop
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.errors import BadRequest, Conflict, DiskQuotaExceeded, Gone, SandboxError, ServiceError, StorageFull
-from ashd.sandboxing._agent_setup import prepare_workspace
-from ashd.storage._failures import log_failure, storage_failure
-from ashd.storage._models import Session
-from ashd.storage._sessions import session_json
-from ashd.storage._snapshots import SnapshotTooLarge
+from ashd.sandboxing import prepare_workspace
+from ashd.storage import Session, SnapshotTooLarge, log_failure, session_json, storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +137,7 @@ class SessionActor(AioActor):
         try:
             binding = None
             if deps.model_proxy is not None:
-                from ashd.sandboxing._model_policy import ModelBinding, session_models
+                from ashd.sandboxing import ModelBinding, session_models
 
                 # Who pays for the sandbox's model calls, and which models its turns may use. The key
                 # never enters the sandbox: the model proxy adds it.
@@ -193,7 +190,7 @@ class SessionActor(AioActor):
 
     async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
         """One trip to the loop: the model proxy binding and socket, the bridge connection and its init."""
-        from ashd.sandboxing._bridge_client import BridgeConnection
+        from ashd.sandboxing import BridgeConnection
 
         if binding is not None:
             self.deps.model_proxy.bind(handle.sandbox_id, binding)
@@ -268,10 +265,10 @@ class SessionActor(AioActor):
         self.handle = None
         conn, self.conn = self.conn, None
         if conn is not None:
-            self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(conn.close()))
+            spawn_on_loop(self.deps.loop, conn.close(), "closing a lost sandbox's bridge connection")
         proxy = self.deps.model_proxy
         if proxy is not None:  # the socket goes, and the calls it still answered are stored
-            self.deps.loop.call_soon_threadsafe(lambda: self.deps.loop.create_task(proxy.stop_for(lost.sandbox_id)))
+            spawn_on_loop(self.deps.loop, proxy.stop_for(lost.sandbox_id), "detaching a lost sandbox's model proxy")
         if self._row().status == "active" and self.turn is None:
             self.row = self._transition("paused", "paused", extra={"reason": lost.reason.value,
                                                                   "detail": lost.detail})

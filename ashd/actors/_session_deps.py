@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ashd.storage._sessions import Sessions
+from ashd.actors._aio import run_on_loop
+from ashd.storage import Sessions
 
 T = TypeVar("T")
 
@@ -39,8 +40,8 @@ class SessionDeps:
     engine: str = "builtin"  # SERVICE_ENGINE: agents whose settings.json names none
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run a coroutine on the event loop from an actor thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout or self.ask_timeout)
+        """Run a coroutine on the event loop from the actor's thread and wait for its result."""
+        return run_on_loop(self.loop, coro, timeout or self.ask_timeout)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,7 @@ from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.errors import Conflict, SandboxError, Unavailable
-from ashd.storage._agents import AgentFile
-from ashd.storage._models import Session, new_id
-from ashd.storage._workspace_writes import write_files
+from ashd.storage import AgentFile, Session, new_id, write_files
 
 T = TypeVar("T")
 
@@ -139,7 +137,7 @@ class SessionRegistry:
             if view["tenantId"] == tenant:
                 self._remember(session_id, view, epoch)
                 return view
-        from ashd.storage._sessions import session_json
+        from ashd.storage import session_json
 
         return session_json(await self.deps.sessions.get(tenant, session_id))
 

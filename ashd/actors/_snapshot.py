@@ -30,21 +30,22 @@ from pykka.typing import ActorMemberMixin, proxy_method
 
 from ashd.actors._aio import AioActor
 from ashd.errors import ServiceError, StorageFull
-from ashd.storage._failures import is_no_space
-from ashd.storage._snapshots import (
+from ashd.storage import (
     DEFAULT_KEEP,
     PARTIAL_PREFIX,
+    LocalSnapshotStore,
     SnapshotBoard,
     SnapshotInfo,
+    SnapshotReader,
+    SnapshotStore,
     info_for,
+    is_no_space,
     latest_local,
     prune,
     remove_stale_partials,
     restore_workspace,
     snapshot_workspace,
 )
-from ashd.storage._snapshots_reader import SnapshotReader
-from ashd.storage._snapshots_stores import LocalSnapshotStore, SnapshotStore
 
 log = logging.getLogger(__name__)
 

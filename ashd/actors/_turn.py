@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ashd.errors import StorageError
-from ashd.storage._sessions import EventRecord, Sessions
+from ashd.storage import EventRecord, Sessions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,7 +141,6 @@ class TurnRecorder:
         self._events: list[EventRecord] = []
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self._changed = asyncio.Event()
         self.last_sequence = 0
         self.result: dict[str, Any] | None = None
         self.tool_calls = 0
@@ -280,14 +279,9 @@ class TurnRecorder:
                 raise
             if events:
                 self.last_sequence = max(self.last_sequence, events[-1].sequence)
-            self._changed.set()
-            self._changed = asyncio.Event()
 
     async def close(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
         await self.flush()
-
-    def changed(self) -> asyncio.Event:
-        return self._changed

@@ -14,7 +14,8 @@ import contextlib
 import logging
 from typing import Any
 
-from ashd.sandboxing._types import SandboxPaths
+from ashd.actors._aio import tell_loop
+from ashd.sandboxing import SandboxPaths
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,10 @@ class Warmer:
 
     # --- called from the pool's thread ---------------------------------------------------------
     def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            self._loop.call_soon_threadsafe(self._start, sandbox_id, paths)
+        tell_loop(self._loop, self._start, sandbox_id, paths)
 
     def discard(self, sandbox_id: str) -> None:
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._drop, sandbox_id)
+        tell_loop(self._loop, self._drop, sandbox_id)
 
     # --- on the loop ---------------------------------------------------------------------------
     def _start(self, sandbox_id: str, paths: SandboxPaths) -> None:
@@ -41,7 +40,7 @@ class Warmer:
             self._ready[sandbox_id] = self._loop.create_task(self._connect(sandbox_id, paths))
 
     async def _connect(self, sandbox_id: str, paths: SandboxPaths) -> Any:
-        from ashd.sandboxing._bridge_client import BridgeConnection
+        from ashd.sandboxing import BridgeConnection
 
         if self._proxy is not None:
             await self._proxy.start_for(sandbox_id, paths.model_socket)

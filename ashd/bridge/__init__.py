@@ -3,3 +3,5 @@
 This package runs inside the sandbox. It never imports aiohttp; the only network it speaks is
 plain HTTP over the model socket (`/run/ashd/model.sock`) through the anthropic SDK.
 """
+
+__all__ = ["history", "protocol"]  # the modules the server uses; the rest runs in the sandbox only

@@ -8,8 +8,7 @@ import click
 
 from ashd.cli._local import local_settings, with_database
 from ashd.cli._output import print_json, table
-from ashd.storage import Database
-from ashd.storage._apikeys import DEFAULT_TENANT, ApiKeys
+from ashd.storage import DEFAULT_TENANT, ApiKeys, Database
 
 DATA_DIR_HELP = "the server's data directory (default: SERVICE_DATA_DIR or ./data)"
 

@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from aiohttp import web
 
-from ashd.errors import BadRequest, NotFound
+from ashd.errors import BadRequest
+from ashd.http._file_response import send_file
 from ashd.http._json import body_object, ok, opt_disk_mb, opt_str, opt_str_map, req_str, tenant
-from ashd.http._keys import SERVICES
+from ashd.http._keys import COMPONENTS
 from ashd.http._uploads import files_from_body
-from ashd.storage import _files
-from ashd.storage._agent_paths import fd_path, open_dir
-from ashd.storage._agents import KEEP, Agents
+from ashd.storage import KEEP, AgentFolderReader, Agents, check_relative_path
 
 routes = web.RouteTableDef()
-_CHUNK = 256 * 1024
 
 
 def _agents(request: web.Request) -> Agents:
-    return Agents.of(request.app[SERVICES])
+    return request.app[COMPONENTS].agents
 
 
 def _opt_bool(body: dict[str, Any], key: str) -> bool | None:
@@ -40,7 +34,7 @@ async def deploy(request: web.Request) -> web.Response:
     agents, ten, name = _agents(request), tenant(request), req_str(body, "name", max_len=255)
     files = files_from_body(body.get("files"))
     system_prompt = opt_str(body, "systemPrompt", max_len=1_000_000)
-    storage = request.app[SERVICES].tenant_storage
+    storage = request.app[COMPONENTS].tenant_storage
     uploaded = sum(len(f.data) for f in files or []) + len((system_prompt or "").encode())
     await storage.require_room(ten, "deploying this agent", adding=uploaded)
     if not await agents.exists(ten, name):
@@ -53,7 +47,7 @@ async def deploy(request: web.Request) -> web.Response:
         model=opt_str(body, "model", max_len=255),
         env=opt_str_map(body, "env"),
         network=_opt_bool(body, "network"),
-        disk_mb=opt_disk_mb(body, request.app[SERVICES].settings.sandbox_disk_max_mb),
+        disk_mb=opt_disk_mb(body, request.app[COMPONENTS].settings.sandbox_disk_max_mb),
     )
     return ok({"agent": record.to_json()}, status=201)
 
@@ -79,7 +73,7 @@ async def patch_agent(request: web.Request) -> web.Response:
         model=opt_str(body, "model", max_len=255) if "model" in body else KEEP,
         env=opt_str_map(body, "env") if "env" in body else KEEP,
         network=bool(_opt_bool(body, "network")) if "network" in body else KEEP,
-        disk_mb=opt_disk_mb(body, request.app[SERVICES].settings.sandbox_disk_max_mb) if "diskMb" in body else KEEP,
+        disk_mb=opt_disk_mb(body, request.app[COMPONENTS].settings.sandbox_disk_max_mb) if "diskMb" in body else KEEP,
     )
     return ok({"agent": record.to_json()})
 
@@ -90,75 +84,22 @@ async def delete_agent(request: web.Request) -> web.Response:
     return ok({"ok": True})
 
 
-@contextmanager
-def _opened(folder: Path) -> Iterator[Path]:
-    """The agent folder opened without following links; yields a path bound to that directory, so
-    a folder renamed or swapped for a link meanwhile cannot redirect the reads."""
-    try:
-        fd = open_dir(folder)
-    except OSError as exc:
-        raise NotFound("The agent's folder is no longer at the path it was deployed from; redeploy the agent") \
-            from exc
-    try:
-        yield fd_path(fd)
-    finally:
-        os.close(fd)
-
-
-def _list(folder: Path) -> list[dict[str, Any]]:
-    with _opened(folder) as root:
-        return [f.to_json() for f in _files.list_files(root)]
-
-
 @routes.get("/api/agents/{name}/files")
 async def list_files(request: web.Request) -> web.Response:
-    folder = await _agents(request).folder(tenant(request), request.match_info["name"])
-    return ok({"files": await asyncio.to_thread(_list, folder)})
-
-
-def _read_json(folder: Path, rel: str) -> dict[str, Any]:
-    with _opened(folder) as root:
-        stream, size = _files.open_file(root, rel)
-    with stream:
-        _files.check_json_size(size)
-        data = stream.read(_files.JSON_LIMIT + 1)
-    _files.check_json_size(len(data))
-    content = _files.decode_text(data)
-    return {"path": _files.check_relative_path(rel), "content": content, "size": len(content.encode())}
-
-
-def _open(folder: Path, rel: str) -> tuple[BinaryIO, int]:
-    with _opened(folder) as root:
-        return _files.open_file(root, rel)
+    reader = AgentFolderReader(await _agents(request).folder(tenant(request), request.match_info["name"]))
+    return ok({"files": [e.to_json() for e in await asyncio.to_thread(reader.list_files)]})
 
 
 @routes.get("/api/agents/{name}/files/{path:.*}")
 async def get_file(request: web.Request) -> web.StreamResponse:
-    root = await _agents(request).folder(tenant(request), request.match_info["name"])
+    reader = AgentFolderReader(await _agents(request).folder(tenant(request), request.match_info["name"]))
     rel = request.match_info["path"]
     fmt = request.query.get("format", "json")
     if fmt == "json":
-        return ok(await asyncio.to_thread(_read_json, root, rel))
+        content = await asyncio.to_thread(reader.read_for_json, rel)
+        return ok({"path": check_relative_path(rel), "content": content, "size": len(content.encode())})
     if fmt != "raw":
         raise BadRequest("query `format` must be `json` or `raw`")
-    fh, size = await asyncio.to_thread(_open, root, rel)
-    try:
-        _files.check_raw_size(size)
-        cleaned = _files.check_relative_path(rel)
-        resp = web.StreamResponse(headers={
-            "Content-Type": _files.mime_type(cleaned),
-            "Content-Disposition": _files.content_disposition(cleaned),
-            "Content-Length": str(size),
-        })
-        await resp.prepare(request)
-        remaining = size
-        while remaining > 0:
-            chunk = await asyncio.to_thread(fh.read, min(_CHUNK, remaining))
-            if not chunk:
-                break  # truncated while being read; the client sees a short body
-            await resp.write(chunk)
-            remaining -= len(chunk)
-        await resp.write_eof()
-        return resp
-    finally:
-        await asyncio.to_thread(fh.close)
+    cleaned = check_relative_path(rel)
+    stream, size = await asyncio.to_thread(reader.open_file, cleaned)
+    return await send_file(request, stream, size, cleaned)

@@ -6,12 +6,13 @@ import importlib
 
 from aiohttp import web
 
-from ashd.http._auth import auth_middleware
+from ashd.components import Components
+from ashd.http._auth import KeyCache, auth_middleware
 from ashd.http._errors import error_middleware
-from ashd.http._keys import SERVICES
+from ashd.http._keys import COMPONENTS, KEY_CACHE, RATE_LIMITER
+from ashd.http._ratelimit import RateLimiter
 from ashd.http._storage_guard import storage_guard_middleware
 from ashd.http._strict import strict_query_middleware
-from ashd.services import Services
 
 # Route modules register themselves here; each exposes a `routes` RouteTableDef.
 ROUTE_MODULES: list[str] = [
@@ -33,12 +34,15 @@ ROUTE_MODULES: list[str] = [
 ]
 
 
-def build_app(services: Services) -> web.Application:
+def build_app(components: Components) -> web.Application:
+    settings = components.settings
     app = web.Application(
         middlewares=[error_middleware, auth_middleware, strict_query_middleware, storage_guard_middleware],
-        client_max_size=services.settings.max_body_bytes,
+        client_max_size=settings.max_body_bytes,
     )
-    app[SERVICES] = services
+    app[COMPONENTS] = components
+    app[KEY_CACHE] = KeyCache()
+    app[RATE_LIMITER] = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
     for name in ROUTE_MODULES:
         app.add_routes(importlib.import_module(name).routes)
     return app

@@ -17,9 +17,9 @@ from aiohttp.typedefs import Handler
 from sqlalchemy.exc import SQLAlchemyError
 
 from ashd.errors import RateLimited, Unauthorized
-from ashd.http._keys import KEY_ID, SERVICES, TENANT
+from ashd.http._keys import COMPONENTS, KEY_CACHE, KEY_ID, RATE_LIMITER, TENANT
 from ashd.http._ratelimit import RateLimiter
-from ashd.storage._apikeys import KeyIdentity
+from ashd.storage import KeyIdentity
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/",)
@@ -72,28 +72,29 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     path = request.path
     if is_public(path):
         return await handler(request)
-    services = request.app[SERVICES]
+    components = request.app[COMPONENTS]
     if path.startswith("/api/internal/"):
         # Always required: the server has a secret even when SERVICE_INTERNAL_SECRET is unset
         # (generated into the data dir at first start), so these endpoints are never open.
-        secret = services.internal_secret
+        secret = components.internal_secret
         token = bearer(request)
         if not secret or not hmac.compare_digest(token.encode(), secret.encode()):
             raise Unauthorized("Invalid internal secret")
         return await handler(request)
     token = bearer(request)
-    identity = services.key_cache.get(token)
+    cache = request.app[KEY_CACHE]
+    identity = cache.get(token)
     if identity is None:
-        identity = await services.api_keys.verify(token)
+        identity = await components.api_keys.verify(token)
         if identity is None:
             raise Unauthorized("Invalid API key")
-        services.key_cache.put(token, identity)
+        cache.put(token, identity)
         try:
-            await services.api_keys.touch(identity.key_id)
+            await components.api_keys.touch(identity.key_id)
         except (SQLAlchemyError, OSError) as exc:  # a full disk must not refuse requests over a timestamp
             log.warning("could not record the API key's last use", extra={"keyId": identity.key_id,
                                                                           "error": str(exc)})
-    limiter: RateLimiter = services.rate_limiter
+    limiter = request.app[RATE_LIMITER]
     wait = limiter.take(identity.key_id)
     if wait > 0:
         raise RateLimited(

@@ -6,14 +6,14 @@ from aiohttp import web
 
 from ashd.errors import BadRequest
 from ashd.http._json import body_object, ok, opt_str, tenant
-from ashd.http._keys import SERVICES
-from ashd.storage._credentials import Credentials
+from ashd.http._keys import COMPONENTS
+from ashd.storage import Credentials
 
 routes = web.RouteTableDef()
 
 
 def _credentials(request: web.Request) -> Credentials:
-    return Credentials.of(request.app[SERVICES])
+    return request.app[COMPONENTS].credentials
 
 
 @routes.post("/api/credentials")
@@ -21,7 +21,7 @@ async def create_credential(request: web.Request) -> web.Response:
     body = await body_object(request)
     if "key" not in body:
         raise BadRequest("`key` is required")
-    await request.app[SERVICES].tenant_storage.require_count_below(tenant(request), "credentials")
+    await request.app[COMPONENTS].tenant_storage.require_count_below(tenant(request), "credentials")
     record = await _credentials(request).create(
         tenant(request), body.get("type"), body["key"], opt_str(body, "label", max_len=255)
     )

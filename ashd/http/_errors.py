@@ -9,7 +9,7 @@ from aiohttp.typedefs import Handler
 
 from ashd.errors import ServiceError
 from ashd.http._json import dumps
-from ashd.storage._failures import storage_failure
+from ashd.storage import storage_failure
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from ashd.errors import BadRequest
 from ashd.http._json import body_object, ok, req_str
-from ashd.http._keys import SERVICES
-from ashd.storage._runners import Runners
+from ashd.http._keys import COMPONENTS
+from ashd.storage import Runners
 
 routes = web.RouteTableDef()
 
@@ -24,7 +24,7 @@ def _int(body: dict[str, Any], key: str, default: int | None = None, lo: int = 0
 @routes.post("/api/internal/runners/register")
 async def register(request: web.Request) -> web.Response:
     body = await body_object(request)
-    await Runners(request.app[SERVICES].db).register(
+    await Runners(request.app[COMPONENTS].db).register(
         req_str(body, "runnerId", max_len=255), req_str(body, "host", max_len=255),
         _int(body, "port", None, 1, 65535), _int(body, "maxSandboxes", 0))
     return ok({"ok": True})
@@ -38,7 +38,7 @@ async def heartbeat(request: web.Request) -> web.Response:
         raise BadRequest("`stats` must be a PoolStats object")
     for name in stats:
         _int(stats, name)  # counts: a list or a 70-bit number must not reach the database
-    await Runners(request.app[SERVICES].db).heartbeat(req_str(body, "runnerId", max_len=255), stats,
+    await Runners(request.app[COMPONENTS].db).heartbeat(req_str(body, "runnerId", max_len=255), stats,
                                                      _int(body, "activeCount", 0))
     return ok({"ok": True})
 
@@ -46,12 +46,12 @@ async def heartbeat(request: web.Request) -> web.Response:
 @routes.post("/api/internal/runners/deregister")
 async def deregister(request: web.Request) -> web.Response:
     body = await body_object(request)
-    paused = await Runners(request.app[SERVICES].db).deregister(req_str(body, "runnerId", max_len=255))
+    paused = await Runners(request.app[COMPONENTS].db).deregister(req_str(body, "runnerId", max_len=255))
     return ok({"ok": True, "pausedSessions": len(paused)})
 
 
 @routes.get("/api/internal/runners")
 async def list_runners(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    runners = await Runners(services.db).list()
-    return ok({"runners": runners, "count": len(runners), "hasLocal": services.settings.mode == "standalone"})
+    components = request.app[COMPONENTS]
+    runners = await Runners(components.db).list()
+    return ok({"runners": runners, "count": len(runners), "hasLocal": components.settings.mode == "standalone"})

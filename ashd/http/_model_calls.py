@@ -6,10 +6,9 @@ import logging
 
 from aiohttp import web
 
-from ashd.errors import SandboxError
 from ashd.http._json import ok, query_int, tenant
-from ashd.http._keys import SERVICES
-from ashd.storage._model_calls import list_model_calls
+from ashd.http._keys import COMPONENTS
+from ashd.storage import Sessions, list_model_calls
 
 routes = web.RouteTableDef()
 log = logging.getLogger(__name__)
@@ -17,17 +16,15 @@ log = logging.getLogger(__name__)
 
 @routes.get("/api/sessions/{id}/model-calls")
 async def model_calls(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    if services.sessions is None:
-        raise SandboxError("sessions are not available on this server")
+    components = request.app[COMPONENTS]
     ten, sid = tenant(request), request.match_info["id"]
-    await services.sessions.deps.sessions.get(ten, sid)  # 404 for unknown or another tenant's session
+    await Sessions(components.db).get(ten, sid)  # 404 for unknown or another tenant's session
     limit = query_int(request, "limit", 100, 1, 1000)
     after = query_int(request, "after", 0, 0, 2**62)
-    proxy = services.sessions.deps.model_proxy
+    proxy = components.model_proxy
     if proxy is not None:
         try:
             await proxy.flush()  # calls that just finished are listed too
         except Exception:  # noqa: BLE001 - list what is stored; the rest is retried by the writer
             log.warning("model call records not stored yet", extra={"sessionId": sid})
-    return ok({"modelCalls": await list_model_calls(services.db, ten, sid, after, limit)})
+    return ok({"modelCalls": await list_model_calls(components.db, ten, sid, after, limit)})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ashd.errors import BadRequest, SandboxError
+from ashd.errors import BadRequest
 from ashd.http._json import body_object, ok, req_str, tenant
-from ashd.http._keys import SERVICES
+from ashd.http._keys import backend
 
 routes = web.RouteTableDef()
 
@@ -27,12 +27,9 @@ def _timeout_ms(value: object) -> int:
 
 @routes.post("/api/sessions/{id}/exec")
 async def exec_command(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    if services.sessions is None:
-        raise SandboxError("sessions are not available on this server")
     body = await body_object(request)
     command = req_str(body, "command", max_len=MAX_COMMAND_CHARS)
     timeout_ms = _timeout_ms(body.get("timeout"))
-    result = await services.sessions.exec(tenant(request), request.match_info["id"], ["bash", "-c", command],
-                                          timeout_ms / 1000)
+    result = await backend(request).exec(tenant(request), request.match_info["id"], ["bash", "-c", command],
+                                         timeout_ms / 1000)
     return ok(result)

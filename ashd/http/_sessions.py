@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ashd.actors._session_deps import CreateRequest
+from ashd.backends import NewSession
 from ashd.errors import BadRequest, SandboxError, ServiceError
 from ashd.http._json import (
     body_object,
@@ -19,19 +19,17 @@ from ashd.http._json import (
     req_str,
     tenant,
 )
-from ashd.http._keys import SERVICES
-from ashd.services import Services
-from ashd.storage._sessions import Sessions, session_json
+from ashd.http._keys import COMPONENTS, backend
+from ashd.storage import Sessions, new_id, session_json
 
 routes = web.RouteTableDef()
 PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")
 EVENT_TYPES = ("text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "compaction", "lifecycle")
 
 
-def _registry(services: Services) -> Any:
-    if services.sessions is None:
-        raise SandboxError("sessions are not available on this server")
-    return services.sessions
+def _stored(request: web.Request) -> Sessions:
+    """The session records (listings read them directly: they are the same wherever a session runs)."""
+    return Sessions(request.app[COMPONENTS].db)
 
 
 def _mcp_servers(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -92,15 +90,15 @@ def _create_config(body: dict[str, Any]) -> dict[str, Any]:
 
 @routes.post("/api/sessions")
 async def create_session(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    registry = _registry(services)
+    components = request.app[COMPONENTS]
+    sessions = backend(request)
     body = await body_object(request)
     agent_name = req_str(body, "agent", max_len=255)
     ten = tenant(request)
-    agent = await registry.deps.resolve_agent(ten, agent_name)  # 404 before anything is written
-    await services.tenant_storage.require_room(ten, "a new session")
+    agent = await components.agents.resolve(ten, agent_name)  # 404 before anything is written
+    await components.tenant_storage.require_room(ten, "a new session")
     config = _create_config(body)
-    max_disk = services.settings.sandbox_disk_max_mb
+    max_disk = components.settings.sandbox_disk_max_mb
     disk_mb = opt_disk_mb(body, max_disk) or agent.disk_mb
     if disk_mb is not None:
         if disk_mb > max_disk:  # the operator lowered the maximum after the agent was deployed
@@ -109,21 +107,20 @@ async def create_session(request: web.Request) -> web.Response:
         config["diskMb"] = disk_mb  # pinned: a cold resume gets the same size whatever the agent says later
     credential_id = opt_str(body, "credentialId", max_len=64)
     if credential_id is not None:
-        from ashd.storage._credentials import Credentials
-
-        await Credentials.of(services).get(ten, credential_id)  # 404 for unknown or other tenant
+        await components.credentials.get(ten, credential_id)  # 404 for unknown or other tenant
     extra_env = opt_str_map(body, "extraEnv")
-    session_id = registry.new_session_id()
+    session_id = new_id()
     encrypted = None
     if extra_env:
         config["extraEnvKeys"] = sorted(extra_env)
-        encrypted = services.cipher.encrypt_json(extra_env, session_id.encode())
-    req = CreateRequest(session_id=session_id, tenant=ten, agent_name=agent_name, agent=agent,
-                        model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id)
+        encrypted = components.cipher.encrypt_json(extra_env, session_id.encode())
+    new = NewSession(session_id=session_id, tenant=ten, agent_name=agent_name, agent=agent,
+                     model=opt_str(body, "model", max_len=255), config=config, credential_id=credential_id,
+                     encrypted_env=encrypted)
     try:
-        session = await registry.create(req, encrypted_env=encrypted)
+        session = await sessions.create(new)
     except SandboxError as exc:
-        raise await _with_session_id(registry.deps.sessions, ten, session_id, exc) from exc
+        raise await _with_session_id(Sessions(components.db), ten, session_id, exc) from exc
     return ok({"session": session}, status=201, headers={"Location": f"/api/sessions/{session_id}"})
 
 
@@ -140,71 +137,65 @@ async def _with_session_id(sessions: Sessions, ten: str, session_id: str, exc: S
 
 @routes.get("/api/sessions")
 async def list_sessions(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
     agent = request.query.get("agent") or None
-    rows = await _registry(services).deps.sessions.list(tenant(request), agent)
+    rows = await _stored(request).list(tenant(request), agent)
     return ok({"sessions": [session_json(r) for r in rows]})
 
 
 @routes.get("/api/sessions/{id}")
 async def get_session(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
-    return ok({"session": await registry.view(tenant(request), request.match_info["id"])})
+    return ok({"session": await backend(request).view(tenant(request), request.match_info["id"])})
 
 
 @routes.post("/api/sessions/{id}/pause")
 async def pause(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
-    return ok({"session": await registry.pause(tenant(request), request.match_info["id"])})
+    return ok({"session": await backend(request).pause(tenant(request), request.match_info["id"])})
 
 
 @routes.post("/api/sessions/{id}/resume")
 async def resume(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
-    return ok({"session": await registry.resume(tenant(request), request.match_info["id"])})
+    return ok({"session": await backend(request).resume(tenant(request), request.match_info["id"])})
 
 
 @routes.post("/api/sessions/{id}/stop")
 async def stop(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
-    return ok({"session": await registry.stop(tenant(request), request.match_info["id"])})
+    return ok({"session": await backend(request).stop(tenant(request), request.match_info["id"])})
 
 
 @routes.post("/api/sessions/{id}/interrupt")
 async def interrupt(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
-    return ok(await registry.interrupt(tenant(request), request.match_info["id"]))
+    return ok(await backend(request).interrupt(tenant(request), request.match_info["id"]))
 
 
 @routes.delete("/api/sessions/{id}")
 async def delete(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
+    sessions = backend(request)
     purge = request.query.get("purge", "false").lower()
     if purge not in ("true", "false", "1", "0"):
         raise BadRequest("query `purge` must be `true` or `false`")
-    session = await registry.delete(tenant(request), request.match_info["id"], purge=purge in ("true", "1"))
+    session = await sessions.end(tenant(request), request.match_info["id"], purge=purge in ("true", "1"))
     return ok({"session": session})
 
 
 @routes.get("/api/sessions/{id}/messages")
 async def list_messages(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
+    stored = _stored(request)
     ten, sid = tenant(request), request.match_info["id"]
-    await registry.deps.sessions.get(ten, sid)
+    await stored.get(ten, sid)
     limit = query_int(request, "limit", 100, 1, 1000)
     after = query_int(request, "after", 0, 0, 2**62)
-    return ok({"messages": await registry.deps.sessions.messages(ten, sid, after, limit)})
+    return ok({"messages": await stored.messages(ten, sid, after, limit)})
 
 
 @routes.get("/api/sessions/{id}/events")
 async def list_events(request: web.Request) -> web.Response:
-    registry = _registry(request.app[SERVICES])
+    stored = _stored(request)
     ten, sid = tenant(request), request.match_info["id"]
-    await registry.deps.sessions.get(ten, sid)
+    await stored.get(ten, sid)
     limit = query_int(request, "limit", 200, 1, 1000)
     after = query_int(request, "after", 0, 0, 2**62)
     type_ = request.query.get("type") or None
     if type_ is not None and type_ not in EVENT_TYPES:
         raise BadRequest(f"query `type` must be one of {', '.join(EVENT_TYPES)}")
-    events = await registry.deps.sessions.events(ten, sid, after, limit, type_)
+    events = await stored.events(ten, sid, after, limit, type_)
     return ok({"events": events})

@@ -14,7 +14,7 @@ import re
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from ashd.http._keys import SERVICES
+from ashd.http._keys import COMPONENTS
 
 _ADDS_DATA = frozenset({"POST", "PUT", "PATCH"})
 _EXEMPT = re.compile(r"^/api/(internal/.*|sessions/[^/]+/(pause|stop|interrupt))$")
@@ -36,7 +36,7 @@ def _what(path: str) -> str:
 @web.middleware
 async def storage_guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.method in _ADDS_DATA and request.path.startswith("/api/") and not _EXEMPT.match(request.path):
-        space = request.app[SERVICES].data_space
+        space = request.app[COMPONENTS].data_space
         if space is not None:
             space.require_room(_what(request.path))
     return await handler(request)

@@ -17,7 +17,7 @@ import binascii
 from typing import Any
 
 from ashd.errors import BadRequest
-from ashd.storage._agents import SYSTEM_PROMPT_FILE, AgentFile
+from ashd.storage import SYSTEM_PROMPT_FILE, AgentFile
 
 TEXT_ENCODINGS = (None, "utf-8", "utf8", "text")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from ashd.http._json import ok, query_int, tenant
-from ashd.http._keys import SERVICES
-from ashd.storage._usage import UsageFilter, list_usage, parse_time, usage_stats
+from ashd.http._keys import COMPONENTS
+from ashd.storage import UsageFilter, list_usage, parse_time, usage_stats
 
 routes = web.RouteTableDef()
 
@@ -25,9 +25,9 @@ def _filter(request: web.Request) -> UsageFilter:
 async def list_events(request: web.Request) -> web.Response:
     flt = _filter(request)
     limit = query_int(request, "limit", 100, 1, 1000)
-    return ok({"events": await list_usage(request.app[SERVICES].db, tenant(request), flt, limit)})
+    return ok({"events": await list_usage(request.app[COMPONENTS].db, tenant(request), flt, limit)})
 
 
 @routes.get("/api/usage/stats")
 async def stats(request: web.Request) -> web.Response:
-    return ok({"stats": await usage_stats(request.app[SERVICES].db, tenant(request), _filter(request))})
+    return ok({"stats": await usage_stats(request.app[COMPONENTS].db, tenant(request), _filter(request))})

@@ -1,8 +1,17 @@
 """Sandbox lifecycle: isolation (bwrap or a zygote), cgroup limits, the shutdown ladder."""
 
+from ashd.sandboxing._agent_setup import prepare_workspace
+from ashd.sandboxing._bridge_client import BridgeConnection
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup, detect_version
+from ashd.sandboxing._egress_policy import EgressPolicy, parse_allow, parse_dns, parse_subnet
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
 from ashd.sandboxing._launcher import LauncherConfig, SandboxLauncher
+from ashd.sandboxing._layout import SANDBOX_GID, SANDBOX_UID
+from ashd.sandboxing._meter import LimitNotice
+from ashd.sandboxing._model_budget import TurnSummary
+from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, parse_tenant_budgets, session_models
+from ashd.sandboxing._model_proxy import ModelProxy
+from ashd.sandboxing._model_records import ModelCallRecord
 from ashd.sandboxing._process import SandboxProcess
 from ashd.sandboxing._reaper import reap_leftovers
 from ashd.sandboxing._types import (
@@ -23,14 +32,23 @@ from ashd.sandboxing._types import (
 __all__ = [
     "BRIDGE_SOCKET",
     "MODEL_SOCKET",
+    "SANDBOX_GID",
     "SANDBOX_HOME",
     "SANDBOX_RUN",
+    "SANDBOX_UID",
     "SANDBOX_WORKSPACE",
+    "BridgeConnection",
     "CgroupTree",
+    "EgressPolicy",
     "ExitInfo",
     "ExitReason",
     "IsolationReport",
     "LauncherConfig",
+    "LimitNotice",
+    "ModelBinding",
+    "ModelCallRecord",
+    "ModelPolicy",
+    "ModelProxy",
     "SandboxCgroup",
     "SandboxLauncher",
     "SandboxLimits",
@@ -38,8 +56,15 @@ __all__ = [
     "SandboxProcess",
     "SandboxSpec",
     "ShutdownRung",
+    "TurnSummary",
     "detect_version",
     "isolation_problems",
+    "parse_allow",
+    "parse_dns",
+    "parse_subnet",
+    "parse_tenant_budgets",
+    "prepare_workspace",
     "probe_isolation",
     "reap_leftovers",
+    "session_models",
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ashd.errors import SandboxError
-from ashd.storage._agent_paths import open_dir
+from ashd.storage import open_dir
 
 _SKIP = ("node_modules", ".git", "__pycache__", "*.sock", "*.pid")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -24,10 +24,14 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from ashd.errors import BadRequest
+from ashd.errors import BadRequest, NotFound
+from ashd.storage._files import JSON_LIMIT, DirectoryReader, FileEntry, list_files, open_file
 
 LIBRARY_DIR = "library"
 SYSTEM_PREFIXES = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -160,6 +164,42 @@ def open_dir(path: Path) -> int:
 def fd_path(fd: int) -> Path:
     """A path that always leads to the open directory `fd`, whatever happens to its name."""
     return Path(f"/proc/self/fd/{fd}")
+
+
+class AgentFolderReader:
+    """`FileSource` on a deployed agent's folder. Each call opens the folder without following
+    links and reads through a path bound to that directory, so a folder renamed or swapped for a
+    link meanwhile cannot redirect the reads."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @contextmanager
+    def _opened(self) -> Iterator[Path]:
+        try:
+            fd = open_dir(self.folder)
+        except OSError as exc:
+            raise NotFound("The agent's folder is no longer at the path it was deployed from; redeploy the "
+                           "agent") from exc
+        try:
+            yield fd_path(fd)
+        finally:
+            os.close(fd)
+
+    def list_files(self) -> list[FileEntry]:
+        with self._opened() as root:
+            return list_files(root)
+
+    def open_file(self, rel: str) -> tuple[BinaryIO, int]:
+        with self._opened() as root:
+            return open_file(root, rel)
+
+    def read_for_json(self, rel: str, limit: int = JSON_LIMIT) -> str:
+        with self._opened() as root:
+            return DirectoryReader(root).read_for_json(rel, limit)
+
+    def close(self) -> None:
+        """Nothing to let go: each call opens what it reads."""
 
 
 def roots_warning(roots_set: bool, other_tenants: bool) -> str | None:

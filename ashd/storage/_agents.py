@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -35,9 +35,6 @@ from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
 from ashd.storage._models import Agent, iso, new_id, utcnow
-
-if TYPE_CHECKING:
-    from ashd.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +195,6 @@ class Agents:
         self._data_dir = data_dir.resolve()
         self._root = self._data_dir / "agents"
         self.paths = AgentPathPolicy(self._data_dir, roots)
-
-    @classmethod
-    def of(cls, services: Services) -> Agents:
-        settings = services.settings
-        return cls(services.db, services.cipher, settings.data_path, settings.agent_root_paths,
-                   settings.agent_max_upload_mb * 1024 * 1024)
 
     # --- reading ---
 
@@ -421,11 +412,6 @@ def _tree_bytes(root: Path) -> int:
         if path.is_file() and not path.is_symlink():
             total += path.stat().st_size
     return total
-
-
-async def resolve_agent(services: Services, tenant: str, name: str) -> AgentView:
-    """The agent `name` of `tenant` for starting a session; NotFound when absent (or another tenant's)."""
-    return await Agents.of(services).resolve(tenant, name)
 
 
 def _read_settings(folder: Path) -> bytes | None:

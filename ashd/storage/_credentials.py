@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import delete, select, update
 
@@ -20,9 +20,6 @@ from ashd.errors import BadRequest, NotFound
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
 from ashd.storage._models import Credential, iso, new_id, utcnow
-
-if TYPE_CHECKING:
-    from ashd.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +137,6 @@ class Credentials:
         self._db = db
         self._cipher = cipher
 
-    @classmethod
-    def of(cls, services: Services) -> Credentials:
-        return cls(services.db, services.cipher)
-
     async def create(self, tenant: str, kind: Any, key: Any, label: str | None) -> CredentialRecord:
         kind = check_type(kind)
         secret = normalise_secret(kind, key)
@@ -193,9 +186,3 @@ class Credentials:
         secret = self._cipher.decrypt(blob, _aad(tenant, credential_id)).decode()
         return ResolvedCredential(id=credential_id, type=kind, secret=secret,
                                   env=MappingProxyType(env_for(kind, secret)))
-
-
-async def use_credential(services: Services, tenant: str, credential_id: str) -> ResolvedCredential:
-    """Decrypt a credential for injection and mark it used; NotFound for an unknown or another
-    tenant's id."""
-    return await Credentials.of(services).use(tenant, credential_id)

@@ -292,6 +292,8 @@ class FileSource(Protocol):
 
     def read_for_json(self, rel: str, limit: int = JSON_LIMIT) -> str: ...
 
+    def close(self) -> None: ...
+
 
 class DirectoryReader:
     """`FileSource` on a live workspace directory."""
@@ -312,3 +314,6 @@ class DirectoryReader:
             data = stream.read(limit + 1)
         check_json_size(len(data), limit)
         return decode_text(data)
+
+    def close(self) -> None:
+        """Nothing to let go: each call opens what it reads."""

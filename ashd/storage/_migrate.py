@@ -88,6 +88,12 @@ def _v8_short_key_prefixes(conn: Connection) -> None:
     ))
 
 
+def _v9_drop_sandboxes(conn: Connection) -> None:
+    """The `sandboxes` table was never written: sandboxes never outlive the server, and what a killed
+    one leaves behind is found on disk (`runtime._rescue_workspaces`)."""
+    conn.execute(text("DROP TABLE IF EXISTS sandboxes"))
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
     (2, "model calls", _v2_model_calls),
@@ -95,6 +101,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (4, "sessions.turn_open: turns cut short by a crash are recorded at the next start", _v4_turn_open),
     (5, "agents.disk_mb: per-agent sandbox disk size", _v5_agent_disk_mb),
     (8, "api key prefixes: at most 8 characters and half of a key", _v8_short_key_prefixes),
+    (9, "drop the unused sandboxes table", _v9_drop_sandboxes),
 ]
 
 

@@ -23,7 +23,7 @@ from ashd.storage._database import Database
 from ashd.storage._models import ModelCall, Session, UsageEvent, iso, new_id
 
 if TYPE_CHECKING:  # the record type only: storage stays a leaf at run time
-    from ashd.sandboxing._model_records import ModelCallRecord
+    from ashd.sandboxing import ModelCallRecord
 
 _CALLS = cast(Table, ModelCall.__table__)
 _SESSIONS = cast(Table, Session.__table__)

@@ -274,18 +274,3 @@ class Runner(Base):
     stats: Mapped[str] = mapped_column(Text, default="{}")
     registered_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
-
-
-class SandboxRecord(Base):
-    """Sandboxes this server started, so that a restart can find and clean what a crash left."""
-
-    __tablename__ = "sandboxes"
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    tenant_id: Mapped[str | None] = mapped_column(String(255))
-    session_id: Mapped[str | None] = mapped_column(String(36), index=True)
-    runner_id: Mapped[str | None] = mapped_column(String(255))
-    owner: Mapped[str] = mapped_column(String(255), default="")  # hostname:pid of the server process
-    state: Mapped[str] = mapped_column(String(16), default="cold")
-    pid: Mapped[int | None] = mapped_column(Integer)
-    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

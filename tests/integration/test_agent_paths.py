@@ -27,8 +27,8 @@ def agent_dir(path: Path, prompt: str = "You are a test agent.") -> Path:
 
 
 def data_path(api: Api) -> Path:
-    assert api.server.services is not None
-    return api.server.services.settings.data_path
+    assert api.server.components is not None
+    return api.server.components.settings.data_path
 
 
 @pytest.fixture

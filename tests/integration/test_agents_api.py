@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from ashd.config import Settings
-from ashd.storage._agents import resolve_agent
 from tests.conftest import Api, start_api
 
 
@@ -22,8 +21,8 @@ def make_agent_dir(root: Path, prompt: str = "You are a test agent.") -> Path:
 
 
 def data_dir(api: Api) -> Path:
-    assert api.server.services is not None
-    return api.server.services.settings.data_path
+    assert api.server.components is not None
+    return api.server.components.settings.data_path
 
 
 async def test_deploy_from_path_get_list_delete(api: Api, tmp_path: Path) -> None:
@@ -230,9 +229,9 @@ async def test_patch_masks_env_and_keeps_version(api: Api, tmp_path: Path) -> No
     _, got = await api.call("GET", "/api/agents/p")
     assert got["agent"]["env"] == {"API": "***"}
 
-    services = api.server.services
+    services = api.server.components
     assert services is not None
-    view = await resolve_agent(services, "default", "p")
+    view = await services.agents.resolve("default", "p")
     assert dict(view.env) == {"API": "zzz-9"}
     assert view.model == "claude-test"
     assert view.version == 1

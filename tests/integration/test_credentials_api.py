@@ -12,14 +12,13 @@ from sqlalchemy import select
 from ashd.config import Settings
 from ashd.errors import NotFound
 from ashd.storage import Credential
-from ashd.storage._credentials import use_credential
 from tests.conftest import Api, start_api
 
 SECRET = "sk-ant-test-0123456789abcdefSECRET"
 
 
 async def raw_ciphertexts(api: Api) -> list[bytes]:
-    services = api.server.services
+    services = api.server.components
     assert services is not None
     async with services.db.read() as s:
         return list((await s.execute(select(Credential.secret_ciphertext))).scalars().all())
@@ -70,7 +69,7 @@ async def test_encrypted_at_rest(api: Api) -> None:
 
 
 async def test_use_credential_env_and_last_used(api: Api) -> None:
-    services = api.server.services
+    services = api.server.components
     assert services is not None
     expected: list[tuple[dict[str, Any], dict[str, str]]] = [
         ({"type": "anthropic", "key": SECRET}, {"ANTHROPIC_API_KEY": SECRET}),
@@ -87,7 +86,7 @@ async def test_use_credential_env_and_last_used(api: Api) -> None:
         status, body = await api.call("POST", "/api/credentials", json=payload)
         assert status == 201, body
         cred_id = body["credential"]["id"]
-        resolved = await use_credential(services, "default", cred_id)
+        resolved = await services.credentials.use("default", cred_id)
         assert resolved.type == payload["type"]
         assert dict(resolved.env) == env
         assert "SK" not in repr(resolved)
@@ -95,7 +94,7 @@ async def test_use_credential_env_and_last_used(api: Api) -> None:
         _, got = await api.call("GET", f"/api/credentials/{cred_id}")
         assert got["credential"]["lastUsedAt"] is not None
     with pytest.raises(NotFound, match="Credential nope not found"):
-        await use_credential(services, "default", "nope")
+        await services.credentials.use("default", "nope")
 
 
 async def test_validation_errors(api: Api) -> None:
@@ -121,7 +120,7 @@ async def test_validation_errors(api: Api) -> None:
 
 
 async def test_another_tenant_sees_404(api: Api) -> None:
-    services = api.server.services
+    services = api.server.components
     assert services is not None
     _, body = await api.call("POST", "/api/credentials", json={"type": "custom", "key": "mine"})
     cred_id = body["credential"]["id"]
@@ -134,14 +133,14 @@ async def test_another_tenant_sees_404(api: Api) -> None:
     status, body = await api.call("GET", "/api/credentials", key=other)
     assert body == {"credentials": []}
     with pytest.raises(NotFound):
-        await use_credential(services, "acme", cred_id)
+        await services.credentials.use("acme", cred_id)
     status, _ = await api.call("GET", f"/api/credentials/{cred_id}")
     assert status == 200
 
 
 async def test_ciphertext_is_bound_to_its_row(api: Api) -> None:
     """A ciphertext copied onto another row (or tenant) does not decrypt."""
-    services = api.server.services
+    services = api.server.components
     assert services is not None
     _, a = await api.call("POST", "/api/credentials", json={"type": "custom", "key": "aaa"})
     _, b = await api.call("POST", "/api/credentials", json={"type": "custom", "key": "bbb"})
@@ -153,7 +152,7 @@ async def test_ciphertext_is_bound_to_its_row(api: Api) -> None:
     from cryptography.exceptions import InvalidTag
 
     with pytest.raises(InvalidTag):
-        await use_credential(services, "default", b["credential"]["id"])
+        await services.credentials.use("default", b["credential"]["id"])
 
 
 async def test_restart_keeps_agents_and_credentials(aiohttp_client: Any, settings: Settings,
@@ -174,8 +173,8 @@ async def test_restart_keeps_agents_and_credentials(aiohttp_client: Any, setting
         status, body = await api.call("GET", f"/api/credentials/{cred_id}")
         assert status == 200
         assert body["credential"]["type"] == "anthropic"
-        assert server.services is not None
-        resolved = await use_credential(server.services, "default", cred_id)
+        assert server.components is not None
+        resolved = await server.components.credentials.use("default", cred_id)
         assert resolved.secret == SECRET  # the generated credential key was reloaded from the data dir
         status, body = await api.call("GET", "/api/agents/keep")
         assert status == 200

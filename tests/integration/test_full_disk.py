@@ -183,7 +183,7 @@ async def _gated_turn(api: Api, data: Path, fake: FakeModel, token: str) -> tupl
     frames = [await reader.next()]
     assert frames[0].data["message"]["content"][0]["type"] == "tool_use"
     fill(data)
-    workspace = await api.server.services.sessions.workspace("default", sid)  # type: ignore[union-attr]
+    workspace = await api.server.components.local.registry.workspace("default", sid)  # type: ignore[union-attr]
     (workspace / "go").touch()  # an empty file needs no data block
     return sid, reader, frames
 

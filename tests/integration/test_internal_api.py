@@ -37,7 +37,7 @@ async def test_runner_registry_and_secret(aiohttp_client: Any, settings: Setting
                                       headers=secret)
         assert status == 400
 
-        services = server.services
+        services = server.components
         assert services is not None
         repo = Sessions(services.db)
         on_runner = await repo.insert(Session(tenant_id="default", agent_name="a", status="active", runner_id="r1"))

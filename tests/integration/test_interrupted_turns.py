@@ -136,10 +136,11 @@ async def test_sandbox_killed_mid_turn(sapi: Api, fake_model: FakeModel) -> None
         return len(fake_model.requests_containing(CUT)) >= 2
 
     await until(second_model_call, "the model to be streaming the cut turn's reply")
-    services = sapi.server.services
-    assert services is not None
+    components = sapi.server.components
+    assert components is not None and components.local is not None
     _, body = await sapi.call("GET", f"/api/sessions/{sid}")
-    sandbox = services.extras["launcher"].process(body["session"]["sandboxId"])
+    sandbox = components.local.launcher.process(body["session"]["sandboxId"])
+    assert sandbox is not None
     sandbox.kill()
     frames = parse_frames((await resp.content.read()).decode())
     assert [f.event for f in frames if f.event in ("error", "done")] == ["error", "done"]

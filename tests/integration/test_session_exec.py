@@ -35,7 +35,7 @@ async def test_exec_runs_in_the_sessions_workspace_and_its_files_are_the_session
 async def test_exec_is_as_confined_as_the_agents_own_commands(sapi: Api) -> None:  # noqa: F811
     await deploy(sapi)
     sid = (await create(sapi))["id"]
-    services = sapi.server.services
+    services = sapi.server.components
     assert services is not None
     data_dir = services.settings.data_dir
     status, body = await _exec(sapi, sid, f"id -u; test -e {data_dir} && echo SEES-DATA-DIR; "

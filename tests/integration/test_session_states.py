@@ -37,7 +37,7 @@ async def _lifecycle(api: Api, sid: str) -> list[dict[str, Any]]:
 
 
 async def _insert_row(api: Api, status: str) -> str:
-    services = api.server.services
+    services = api.server.components
     assert services is not None
     sid = new_id()
     await Sessions(services.db).insert(Session(id=sid, tenant_id="default", agent_name="helper", status=status,

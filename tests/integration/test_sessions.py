@@ -106,7 +106,7 @@ async def test_create_message_pause_resume_delete(sapi: Api, fake_model: FakeMod
 
 async def test_actors_are_let_go_when_they_hold_nothing(sapi: Api) -> None:
     await deploy(sapi)
-    registry = sapi.server.services.sessions  # type: ignore[union-attr]
+    registry = sapi.server.components.local.registry  # type: ignore[union-attr]
     sid = (await create(sapi))["id"]
     assert registry.live_actors() == 1
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/stop")
@@ -129,10 +129,10 @@ async def test_sandbox_killed_mid_turn_gives_error_then_done_and_recovers(sapi: 
                                   json={"content": "SLOW-CRASH", "includePartialMessages": True}, headers=sapi.headers())
     assert resp.status == 200
     await resp.content.readline()  # the stream has started
-    services = sapi.server.services
-    assert services is not None
+    components = sapi.server.components
+    assert components is not None and components.local is not None
     status, body = await sapi.call("GET", f"/api/sessions/{sid}")
-    proc = services.extras["launcher"].process(body["session"]["sandboxId"])
+    proc = components.local.launcher.process(body["session"]["sandboxId"])
     assert proc is not None
     proc.kill()
     frames = parse_frames((await resp.content.read()).decode())

@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, inspect, select, text
 
 from ashd.errors import NotFound
 from ashd.storage import Database, Message, Session, allocate
@@ -123,6 +123,20 @@ async def test_migration_4_adds_turn_open_to_a_database_made_before_it(db_url: s
         assert row.turn_open is False
         await sessions.add_user_message(row.id, "t", "hello")
         assert (await sessions.get("t", row.id)).turn_open is True
+    finally:
+        await db.close()
+
+
+async def test_migration_9_drops_the_sandboxes_table_of_a_database_made_before_it(db_url: str) -> None:
+    db = await Database.open(db_url)
+    try:
+        async with db.engine.begin() as conn:  # the schema as the releases before step 9 made it
+            await conn.execute(text("CREATE TABLE sandboxes (id VARCHAR(64) PRIMARY KEY, state VARCHAR(16))"))
+            await conn.execute(text("DELETE FROM schema_migrations WHERE version = 9"))
+        assert await migrate(db.engine) == [9]
+        async with db.engine.connect() as conn:
+            tables = await conn.run_sync(lambda sync: inspect(sync).get_table_names())
+        assert "sandboxes" not in tables and "sessions" in tables
     finally:
         await db.close()
 

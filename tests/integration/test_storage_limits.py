@@ -106,7 +106,7 @@ async def test_a_workspace_over_the_snapshot_limit_is_refused_and_the_previous_s
     first = _keys(lapi, sid)
     assert len(first) == 1
     assert (await lapi.call("POST", f"/api/sessions/{sid}/resume"))[0] == 200
-    workspace = await lapi.server.services.sessions.workspace("default", sid)  # type: ignore[union-attr]
+    workspace = await lapi.server.components.local.registry.workspace("default", sid)  # type: ignore[union-attr]
     (workspace / "big.bin").write_bytes(os.urandom(2 * MIB))
 
     status, body = await lapi.call("POST", f"/api/sessions/{sid}/stop")
@@ -237,7 +237,7 @@ async def test_storage_reports_what_the_tenant_holds(aiohttp_client: Any, settin
         assert held["agents"]["count"] == 1
         assert held["agents"]["bytes"] == sum(p.stat().st_size for p in agent_dir.rglob("*") if p.is_file())
         assert held["sessions"]["count"] == 2
-        services = api.server.services
+        services = api.server.components
         assert services is not None
         async with services.db.read() as s:
             contents = (await s.execute(select(Message.content).where(Message.session_id.in_(sids)))).scalars().all()

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from ashd.services import Services
+from ashd.components import Components
 from ashd.storage._usage import record_usage
 from tests.conftest import Api
 
@@ -16,9 +16,9 @@ ZERO_STATS = {
 }
 
 
-def services_of(api: Api) -> Services:
-    assert api.server.services is not None
-    return api.server.services
+def services_of(api: Api) -> Components:
+    assert api.server.components is not None
+    return api.server.components
 
 
 async def record_turns(api: Api) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ashd.actors._session_deps import TurnTicket
-from ashd.sandboxing._model_budget import TurnSummary
+from ashd.actors import TurnTicket
+from ashd.sandboxing import TurnSummary
 
 log = logging.getLogger(__name__)
 
