@@ -7,8 +7,9 @@ import importlib
 from aiohttp import web
 
 from ashd.components import Components
-from ashd.http._auth import KeyCache, auth_middleware
+from ashd.http._auth import auth_middleware
 from ashd.http._errors import error_middleware
+from ashd.http._key_cache import KeyCache
 from ashd.http._keys import COMPONENTS, KEY_CACHE, RATE_LIMITER
 from ashd.http._ratelimit import RateLimiter
 from ashd.http._storage_guard import storage_guard_middleware

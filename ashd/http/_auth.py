@@ -1,16 +1,15 @@
 """Authentication: API keys for /api/*, the internal secret for /api/internal/*, rate limits.
 
-Verified keys are cached for a few seconds so a request does not pay a database round trip; a key
-deleted on this server stops working at once, one deleted through another coordinator within
-`_CACHE_TTL` seconds. A key's `lastUsedAt` is written when it is verified against the database, so it
-is exact to `_CACHE_TTL` seconds at a cost of at most one write per key and cache period.
+Verified keys are cached for a few seconds (`_key_cache.py`) so a request does not pay a database
+round trip; a key deleted on this server stops working at once, one deleted through another
+coordinator within the cache's lifetime. A key's `lastUsedAt` is written when it is verified against
+the database, so it is exact to that lifetime at a cost of at most one write per key and period.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import time
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -19,37 +18,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from ashd.errors import RateLimited, Unauthorized
 from ashd.http._keys import COMPONENTS, KEY_CACHE, KEY_ID, RATE_LIMITER, TENANT
 from ashd.http._ratelimit import RateLimiter
-from ashd.storage import KeyIdentity
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/docs/",)
-_CACHE_TTL = 5.0
-_CACHE_MAX = 10_000
 log = logging.getLogger(__name__)
-
-
-class KeyCache:
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[float, KeyIdentity]] = {}
-
-    def get(self, key: str) -> KeyIdentity | None:
-        hit = self._entries.get(key)
-        if hit is None:
-            return None
-        if hit[0] < time.monotonic():
-            del self._entries[key]
-            return None
-        return hit[1]
-
-    def put(self, key: str, identity: KeyIdentity) -> None:
-        if len(self._entries) >= _CACHE_MAX:
-            self._entries.clear()
-        self._entries[key] = (time.monotonic() + _CACHE_TTL, identity)
-
-    def forget(self, key_id: str) -> None:
-        for key, (_, ident) in list(self._entries.items()):
-            if ident.key_id == key_id:
-                del self._entries[key]
 
 
 def bearer(request: web.Request) -> str:

@@ -9,7 +9,7 @@ from aiohttp import web
 if TYPE_CHECKING:
     from ashd.backends import SessionBackend
     from ashd.components import Components
-    from ashd.http._auth import KeyCache
+    from ashd.http._key_cache import KeyCache
     from ashd.http._ratelimit import RateLimiter
 
 COMPONENTS: web.AppKey[Components] = web.AppKey("components")

@@ -11,7 +11,7 @@ import pytest
 
 from ashd.app import Server
 from ashd.config import Settings
-from ashd.http import _auth
+from ashd.http import _key_cache
 from tests.conftest import Api, start_api
 
 ENV_KEY = "env-key-0123456789-abcdefghijklmnop"
@@ -93,7 +93,7 @@ async def test_a_key_revoked_on_another_server_stops_working_when_its_cache_entr
         aiohttp_client: Any, settings: Settings, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Two servers on one database (two coordinators): a key revoked on one stops working on the
     # other once the other's cached verification expires. The TTL is shortened to keep this quick.
-    monkeypatch.setattr(_auth, "_CACHE_TTL", 0.5)
+    monkeypatch.setattr(_key_cache, "_CACHE_TTL", 0.5)
     api = await _restart(aiohttp_client, settings, None)
     other_server = Server(settings.with_(data_dir=str(short_tmp / "other")))
     await other_server.start_components()
