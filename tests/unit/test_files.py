@@ -298,9 +298,8 @@ def test_a_link_to_a_sibling_that_sorts_after_the_workspace_is_outside(ws: Path,
     assert [f.path for f in list_files(ws)] == ["inside.txt"]
 
 
-def test_the_ascii_fallback_keeps_spaces_and_printables_and_replaces_controls() -> None:
-    header = content_disposition("a b~\x7f\x1f.txt")
-    assert header.endswith('; filename="a b~__.txt"')
+def test_the_header_percent_encodes_spaces_and_controls_and_has_no_other_parameter() -> None:
+    assert content_disposition("a b~\x7f\x1f.txt") == "attachment; filename*=UTF-8''a%20b~%7F%1F.txt"
 
 
 def test_a_limit_that_is_not_whole_megabytes_is_named_in_bytes(ws: Path) -> None:

@@ -10,6 +10,7 @@ tests/integration/test_session_states.py.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -238,18 +239,22 @@ async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
     wait_for(lambda: machine.counts() == {}, T, "the failed session's sandbox released")
 
 
-async def test_a_turn_blocks_pause_and_a_second_turn(machine: Machine) -> None:
+async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine: Machine) -> None:
     sid, _ = await machine.create()
     ticket = await machine.ask(sid, "begin_turn", "hello", None)
     assert machine.counts() == {"running": 1}
-    assert (await machine.refused(sid, "pause")).status_code == 409
     assert (await machine.refused(sid, "begin_turn", "again", None)).status_code == 409
+    # An active session pauses (decisions.md): the turn is interrupted, and the pause happens once
+    # the turn has ended (stored), answered through a future.
+    waiter = await machine.ask(sid, "pause")
+    assert isinstance(waiter, concurrent.futures.Future) and not waiter.done()
+    assert (await machine.row(sid)).status == "active"
     assert await machine.ask(sid, "running_turn") == ticket.query_id
     await machine.ask(sid, "end_turn", "q-not-this-one")  # a stale end changes nothing
-    assert await machine.ask(sid, "running_turn") == ticket.query_id
+    assert await machine.ask(sid, "running_turn") == ticket.query_id and not waiter.done()
     await machine.ask(sid, "end_turn", ticket.query_id)
-    assert machine.counts() == {"waiting": 1}
-    assert (await machine.ask(sid, "pause"))["status"] == "paused"
+    assert waiter.result(timeout=T)["status"] == "paused"
+    assert (await machine.row(sid)).status == "paused"
 
 
 async def test_a_lost_sandbox_pauses_an_idle_session_and_not_a_turn(machine: Machine) -> None:
