@@ -115,6 +115,9 @@ async def test_serve_survives_a_full_data_disk(served: tuple[Served, aiohttp.Cli
         ("POST", f"/api/sessions/{sid}/resume", None),
     ]
     for method, path, body in refused:
+        # The disk stays full: space the server frees meanwhile (the stopped session's sandbox disk,
+        # torn down after its reply) is taken again, or a write may fit where the test means none to.
+        fill(data)
         status, reply = await call(p, http, method, path, json=body)
         assert status == 507 and reply["statusCode"] == 507 and "data disk is full" in reply["error"], (path, reply)
     for path, expected in reads.items():  # reads are served, unchanged
