@@ -11,7 +11,6 @@ from ashd.sandboxing._meter import LimitNotice
 from ashd.sandboxing._model_budget import TurnSummary
 from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, parse_tenant_budgets, session_models
 from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.sandboxing._model_records import ModelCallRecord
 from ashd.sandboxing._process import SandboxProcess
 from ashd.sandboxing._reaper import reap_leftovers
 from ashd.sandboxing._types import (
@@ -28,6 +27,7 @@ from ashd.sandboxing._types import (
     SandboxSpec,
     ShutdownRung,
 )
+from ashd.storage import ModelCallRecord
 
 __all__ = [
     "BRIDGE_SOCKET",

@@ -13,7 +13,7 @@ from typing import Any
 
 from ashd.sandboxing._model_meter import UsageMeter
 from ashd.sandboxing._model_policy import Refusal
-from ashd.sandboxing._model_records import ModelCallRecord
+from ashd.storage import ModelCallRecord
 
 ENDPOINTS = {"/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens"}
 MAX_MODEL_NAME = 255

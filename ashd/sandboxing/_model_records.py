@@ -11,50 +11,17 @@ each), so that even then they are not lost.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import datetime as dt
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+
+from ashd.storage import ModelCallRecord
 
 log = logging.getLogger(__name__)
 INTERVAL = 0.05
 BATCH = 128
 MAX_QUEUED = 100_000
 RETRY_MAX_S = 30.0
-
-
-@dataclass(frozen=True)
-class ModelCallRecord:
-    id: str
-    session_id: str
-    tenant: str
-    agent_name: str
-    sandbox_id: str
-    query_id: str | None
-    endpoint: str  # messages | count_tokens | the path asked for, when it was not forwarded
-    model: str | None  # the model the call asked for
-    stream: bool
-    max_tokens: int | None
-    status: int  # the HTTP status the sandbox got
-    outcome: str  # ok | error | refused | aborted
-    reason: str | None  # refusal reason, or the API's error type
-    detail: str | None
-    input_tokens: int
-    output_tokens: int
-    cache_creation_tokens: int
-    cache_read_tokens: int
-    cost_usd: float
-    latency_ms: float
-    first_byte_ms: float | None
-    created_at: dt.datetime
-    server: str
-
-    def to_json(self) -> dict[str, object]:
-        out = dataclasses.asdict(self)
-        out["created_at"] = self.created_at.isoformat()
-        return out
 
 
 Store = Callable[[Sequence[ModelCallRecord]], Awaitable[None]]

@@ -21,7 +21,7 @@ from ashd.storage._files import (
     mime_type,
 )
 from ashd.storage._holdings import TenantStorage
-from ashd.storage._model_calls import list_model_calls, session_spend, store_model_calls, tenant_spend
+from ashd.storage._model_calls import ModelCallRecord, list_model_calls, session_spend, store_model_calls, tenant_spend
 from ashd.storage._models import (
     Agent,
     ApiKey,
@@ -92,6 +92,7 @@ __all__ = [
     "LocalSnapshotStore",
     "Message",
     "Meta",
+    "ModelCallRecord",
     "QueueItem",
     "Runner",
     "Runners",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import func, select
 
@@ -29,13 +29,36 @@ from ashd.errors import QuotaExceeded
 from ashd.storage._models import Agent, ApiKey, Credential, Session
 
 if TYPE_CHECKING:
-    from ashd.config import Settings
     from ashd.storage._database import Database
     from ashd.storage._snapshots import SnapshotBoard
 
 MIB = 1024 * 1024
 _CACHE_SECONDS = 2.0  # the pre-check on the message path reuses a sum this fresh
 _COUNTED: dict[str, Any] = {"agents": Agent, "credentials": Credential, "API keys": ApiKey}
+
+
+class StorageLimits(Protocol):
+    """The settings these limits come from (`ashd.config.Settings` has them): storage takes them by
+    shape, so it depends on nothing above it."""
+
+    @property
+    def tenant_storage_mb(self) -> int: ...
+    @property
+    def tenant_max_agents(self) -> int: ...
+    @property
+    def tenant_max_credentials(self) -> int: ...
+    @property
+    def tenant_max_api_keys(self) -> int: ...
+    @property
+    def agent_max_upload_mb(self) -> int: ...
+    @property
+    def turn_max_stored_mb(self) -> int: ...
+    @property
+    def turn_max_events(self) -> int: ...
+    @property
+    def snapshots_keep(self) -> int: ...
+    @property
+    def snapshot_max_mb(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -61,7 +84,7 @@ def _limit(value: int) -> int | None:
 
 
 class TenantStorage:
-    def __init__(self, db: Database, board: SnapshotBoard | None, settings: Settings) -> None:
+    def __init__(self, db: Database, board: SnapshotBoard | None, settings: StorageLimits) -> None:
         self._db = db
         self._board = board
         self._settings = settings

@@ -11,10 +11,12 @@ on each other in a cycle), the call rows are inserted, and so are the usage even
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.orm import Session as SyncSession
@@ -22,8 +24,40 @@ from sqlalchemy.orm import Session as SyncSession
 from ashd.storage._database import Database
 from ashd.storage._models import ModelCall, Session, UsageEvent, iso, new_id
 
-if TYPE_CHECKING:  # the record type only: storage stays a leaf at run time
-    from ashd.sandboxing import ModelCallRecord
+
+# What the model proxy records of one call: the row this module stores (defined here, where it is
+# stored, so storage depends on nothing of sandboxing).
+@dataclass(frozen=True)
+class ModelCallRecord:
+    id: str
+    session_id: str
+    tenant: str
+    agent_name: str
+    sandbox_id: str
+    query_id: str | None
+    endpoint: str  # messages | count_tokens | the path asked for, when it was not forwarded
+    model: str | None  # the model the call asked for
+    stream: bool
+    max_tokens: int | None
+    status: int  # the HTTP status the sandbox got
+    outcome: str  # ok | error | refused | aborted
+    reason: str | None  # refusal reason, or the API's error type
+    detail: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_creation_tokens: int
+    cache_read_tokens: int
+    cost_usd: float
+    latency_ms: float
+    first_byte_ms: float | None
+    created_at: dt.datetime
+    server: str
+
+    def to_json(self) -> dict[str, object]:
+        out = dataclasses.asdict(self)
+        out["created_at"] = self.created_at.isoformat()
+        return out
+
 
 _CALLS = cast(Table, ModelCall.__table__)
 _SESSIONS = cast(Table, Session.__table__)

@@ -10,8 +10,7 @@ import uuid
 
 from sqlalchemy import text
 
-from ashd.sandboxing._model_records import ModelCallRecord
-from ashd.storage import Database, Session
+from ashd.storage import Database, ModelCallRecord, Session
 from ashd.storage._migrate import migrate
 from ashd.storage._model_calls import list_model_calls, session_spend, store_model_calls, tenant_spend
 from ashd.storage._sessions import Sessions

@@ -20,7 +20,7 @@ from ashd.devtools.fake_model import FakeModel
 from ashd.pricing import Price, PriceTable
 from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, SessionModels
 from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.sandboxing._model_records import ModelCallRecord
+from ashd.storage import ModelCallRecord
 
 MODEL = "claude-sonnet-4-5"
 # $1 per million input tokens, $10 per million output: easy sums.

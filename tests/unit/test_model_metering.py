@@ -17,7 +17,8 @@ from ashd.pricing import DEFAULT_TABLE, Price, PriceTable, parse_prices
 from ashd.sandboxing._model_budget import month_start, next_month
 from ashd.sandboxing._model_meter import UsageMeter
 from ashd.sandboxing._model_policy import ModelPolicy, SessionModels, parse_tenant_budgets, session_models
-from ashd.sandboxing._model_records import ModelCallRecord, RecordWriter
+from ashd.sandboxing._model_records import RecordWriter
+from ashd.storage import ModelCallRecord
 
 USAGE = {"input_tokens": 1234, "output_tokens": 567, "cache_creation_input_tokens": 89, "cache_read_input_tokens": 10}
 
