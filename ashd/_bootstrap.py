@@ -111,3 +111,23 @@ async def ensure_api_keys(settings: Settings, keys: ApiKeys) -> Path | None:
             fh.write(key + "\n")
         log.info("generated the first API key for tenant default", extra={"keyFile": str(key_file)})
     return key_file if key_file.exists() else None
+
+
+SERVER_ID_FILE = "server-id"
+
+
+def sandbox_owner_id(settings: Settings) -> str:
+    """The id this process stamps on the sessions whose sandboxes it hosts, stable across restarts:
+    a runner's SERVICE_RUNNER_ID, else SERVICE_SERVER_ID, else `srv-<random>` generated once into
+    `<data dir>/server-id`. Its start-up sweep pauses only sessions with this owner."""
+    if settings.runner_id:
+        return settings.runner_id
+    if settings.server_id:
+        return settings.server_id
+    path = settings.data_path / SERVER_ID_FILE
+    if _write_secret_file(path, f"srv-{secrets.token_hex(8)}"):
+        log.info("generated this server's id", extra={"serverIdFile": str(path)})
+    value = path.read_text().strip()
+    if not value:
+        raise ConfigError(f"{path} is empty; remove it to generate a new server id, or set SERVICE_SERVER_ID")
+    return value

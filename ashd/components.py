@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ashd.actors import QueueService, WebhookDispatcher
 from ashd.backends import SessionBackend
 from ashd.config import Settings
 from ashd.metrics import Metrics
@@ -40,9 +41,11 @@ class Components:
     pool_stats: Callable[[], Mapping[str, int]]  # the sandbox pool's counts (/health, metrics)
     isolation: IsolationReport | None  # how sandboxes are isolated on this host (/health)
     local: LocalSessions | None  # this process's sandboxes and actors, when it runs them
+    webhooks: WebhookDispatcher  # the webhook outbox: events stored, sent in the background
     # The bearer secret of /api/internal/*: SERVICE_INTERNAL_SECRET or the generated one. Never empty.
     internal_secret: str = field(repr=False)
     coordinator_id: str = field(default_factory=coordinator_id)
+    queue: QueueService | None = None  # the queue actor and its ticker: queued prompts run as turns
     started_at: float = field(default_factory=time.monotonic)
 
     def uptime(self) -> int:

@@ -68,6 +68,13 @@ def _float_pos(raw: str) -> float:
     return value
 
 
+def _float_nonneg(raw: str) -> float:
+    value = float(raw.strip())
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(raw)
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
@@ -169,6 +176,13 @@ def _egress_allow(raw: str) -> str | None:
     return ",".join(str(e) for e in parse_allow(raw)) or None
 
 
+@_explained
+def _webhook_allow(raw: str) -> str | None:
+    from ashd.sandboxing import parse_webhook_allow
+
+    return raw.strip() if parse_webhook_allow(raw) else None
+
+
 def _http_url(raw: str) -> str | None:
     value = raw.strip().rstrip("/")
     if not value:
@@ -231,9 +245,29 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_RUNNER_ID", "runner_id", "string", None, "Runner mode: this runner's id.", _opt_text),
     Option("SERVICE_SERVER_URL", "server_url", "http(s) URL", None,
            "Runner mode: the coordinator (or its load balancer) to register with.", _http_url),
-    Option("SERVICE_RUNNER_PORT", "runner_port", "port", 4200, "Runner mode: port of the runner API.", _port),
+    Option("SERVICE_RUNNER_PORT", "runner_port", "port", 4200,
+           "Runner mode (and a coordinator with SERVICE_COORDINATOR_LOCAL): port of the runner API.", _port),
     Option("SERVICE_RUNNER_ADVERTISE_HOST", "runner_advertise_host", "host name or address", None,
            "Runner mode: host the coordinator should use to reach this runner.", _opt_text),
+    # --- runner liveness (docs/liveness.md) ---
+    Option("SERVICE_RUNNER_LIVENESS_SECONDS", "runner_liveness_seconds", "number > 0", 30.0,
+           "Coordinator: a runner without a heartbeat for this long is dead; its `active`/`starting` "
+           "sessions are paused.", _float_pos),
+    Option("SERVICE_RUNNER_SWEEP_SECONDS", "runner_sweep_seconds", "number > 0", 30.0,
+           "Coordinator: how often each coordinator looks for dead runners.", _float_pos),
+    Option("SERVICE_RUNNER_SWEEP_JITTER_SECONDS", "runner_sweep_jitter_seconds", "number ≥ 0", 5.0,
+           "Coordinator: random extra wait (0 to this) before each sweep, so coordinators started together "
+           "do not sweep in step.", _float_nonneg),
+    Option("SERVICE_SERVER_ID", "server_id", "string", None,
+           "Id of this server as the owner of the sandboxes it hosts: its start-up sweep pauses only "
+           "sessions it owned. Default: generated once into `<data dir>/server-id`; a runner uses "
+           "SERVICE_RUNNER_ID.", _opt_text),
+    Option("SERVICE_RUNNER_HEARTBEAT_SECONDS", "runner_heartbeat_seconds", "number > 0", 10.0,
+           "Runner mode (and a coordinator's local pool): seconds between heartbeats (the pool's counts).",
+           _float_pos),
+    Option("SERVICE_COORDINATOR_LOCAL", "coordinator_local", "boolean", False,
+           "Coordinator: also run a local sandbox pool, registered as a runner (runner API on SERVICE_RUNNER_PORT) "
+           "and used when no runner has room (off: 503 instead).", _bool),
     # --- ashd's own ---
     Option("SERVICE_HOST", "host", "address", "0.0.0.0", "Address the HTTP server binds.", _text),
     Option("SERVICE_PORT", "port", "port", 4100, "Port the HTTP server binds.", _port),
@@ -294,6 +328,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_SANDBOX_EGRESS_PUBLIC", "sandbox_egress_public", "boolean", True,
            "Networked sandboxes may reach public internet addresses. Off: only the allowlist and DNS.",
            _bool),
+    # --- webhooks (docs/webhooks.md) ---
+    Option("SERVICE_WEBHOOK_ALLOW", "webhook_allow",
+           "IP addresses or CIDRs, each optionally `:port` (`[v6]:port`), separated by `,`", None,
+           "Destinations webhooks may be delivered to although they are loopback, private or link-local "
+           "(besides SERVICE_SANDBOX_EGRESS_ALLOW, which webhooks also follow), e.g. `127.0.0.1:9000` for a "
+           "receiver on this host. Unset: public addresses only.", _webhook_allow),
+    Option("SERVICE_WEBHOOK_MAX_ATTEMPTS", "webhook_max_attempts", "integer ≥ 1", 8,
+           "Attempts per webhook delivery before it is marked `failed`.", _int_min(1)),
+    Option("SERVICE_WEBHOOK_TIMEOUT_SECONDS", "webhook_timeout_seconds", "number > 0", 10.0,
+           "Time one delivery attempt may take (connect, send, answer) before it counts as failed.", _float_pos),
+    Option("SERVICE_WEBHOOK_BACKOFF_SECONDS", "webhook_backoff_seconds", "number > 0", 10.0,
+           "Wait before the second attempt of a delivery; doubled after each further failure (at most 1 h).",
+           _float_pos),
+    Option("SERVICE_WEBHOOK_CONCURRENCY", "webhook_concurrency", "integer ≥ 1", 8,
+           "Deliveries this server sends at once.", _int_min(1)),
     Option("SERVICE_SANDBOX_PTRACE_AGENTS", "sandbox_ptrace_agents", "`tenant/agent` names separated by `,`", (),
            "Agents whose sandboxes run the `ptrace` seccomp profile instead of `default`: the default filter "
            "plus ptrace, process_vm_readv/writev and personality(ADDR_NO_RANDOMIZE), for debuggers and "
@@ -310,6 +359,12 @@ OPTIONS: tuple[Option, ...] = (
            "about 1.5 s per cold sandbox).", _bool),
     Option("SERVICE_SETUP_TIMEOUT_SECONDS", "setup_timeout_seconds", "integer ≥ 1", 300,
            "Time allowed for `package.json` installation and for `setup.sh`, each.", _int_min(1)),
+    Option("SERVICE_SETUP_LOG_LINES", "setup_log_lines", "integer ≥ 1", 1000,
+           "Lines of an agent's setup output (`npm install`, `setup.sh`) stored per setup, as session events and "
+           "logs; past it the rest is counted in one note (the whole output stays in the sandbox).", _int_min(1)),
+    Option("SERVICE_SESSION_LOG_LINES", "session_log_lines", "integer ≥ 1", 10000,
+           "Lines `GET /api/sessions/{id}/logs` keeps per session (setup output and the sandbox's stderr); "
+           "older lines go as newer ones come.", _int_min(1)),
     Option("SERVICE_ACTOR_TIMEOUT_SECONDS", "actor_timeout_seconds", "number > 0", 60.0,
            "Longest wait for an internal component to answer before the request fails with 503.", _float_pos),
     Option("SERVICE_MAX_BODY_BYTES", "max_body_bytes", "integer ≥ 1024", 20 * 1024 * 1024,
@@ -333,6 +388,10 @@ OPTIONS: tuple[Option, ...] = (
            "Largest agent folder one deploy may upload (`files` plus `systemPrompt`), in MiB (413 above "
            "it). The server keeps the current and the previous version of each uploaded agent.",
            _int_min(1)),
+    Option("SERVICE_ATTACHMENT_MAX_MB", "attachment_max_mb", "integer ≥ 1", 10,
+           "Largest attachment one `POST /api/sessions/{id}/attachments` may upload, in MiB (413 above it). "
+           "Its base64 must also fit SERVICE_MAX_BODY_BYTES.",
+           _int_min(1)),
     Option("SERVICE_SNAPSHOTS_KEEP", "snapshots_keep", "integer ≥ 1", 3,
            "Workspace snapshots kept per session (older ones are deleted).", _int_min(1)),
     Option("SERVICE_SNAPSHOT_MAX_MB", "snapshot_max_mb", "integer ≥ 1", 1024,
@@ -354,6 +413,23 @@ OPTIONS: tuple[Option, ...] = (
            "How long the end of a turn keeps retrying to store its frames while the disk is full or the "
            "database unreachable; after that an `error` frame names the frames that were not stored.",
            _float_pos),
+    # --- queue (docs/queue.md) ---
+    Option("SERVICE_QUEUE_CONCURRENCY", "queue_concurrency", "integer ≥ 0", 4,
+           "Queue items this server runs at once (each is a turn in a session). 0: this server runs no "
+           "queue items (others sharing the database still do).", _int_min(0)),
+    Option("SERVICE_QUEUE_CONCURRENCY_PER_TENANT", "queue_concurrency_per_tenant", "integer ≥ 1", 2,
+           "Queue items one tenant may have running at once, over every server sharing the database.",
+           _int_min(1)),
+    Option("SERVICE_TENANT_MAX_QUEUED", "tenant_max_queued", "integer ≥ 0", 1000,
+           "Queue items one tenant may have waiting or running (`pending` and `processing`); more are "
+           "refused with 409 until some finish or are cancelled. 0: no limit.", _int_min(0)),
+    Option("SERVICE_QUEUE_RETRY_SECONDS", "queue_retry_seconds", "number > 0", 5.0,
+           "First delay before a failed queue item is tried again; each further retry doubles it.", _float_pos),
+    Option("SERVICE_QUEUE_RETRY_MAX_SECONDS", "queue_retry_max_seconds", "number > 0", 300.0,
+           "Longest delay between two tries of a queue item.", _float_pos),
+    Option("SERVICE_QUEUE_LEASE_SECONDS", "queue_lease_seconds", "number > 0", 30.0,
+           "How long a server's claim on a running queue item lasts unless renewed (it renews every "
+           "third of it): an item of a server that died runs again after at most this long.", _float_pos),
     # --- model traffic (the model proxy: docs/security.md "Model traffic") ---
     Option("SERVICE_MODEL_ALLOW", "model_allow", "model names or globs separated by `,`", None,
            "Models every session may call besides its turn's model (the model precedence) and the models "
@@ -410,6 +486,12 @@ class Settings:
     server_url: str | None = None
     runner_port: int = 4200
     runner_advertise_host: str | None = None
+    runner_liveness_seconds: float = 30.0
+    runner_sweep_seconds: float = 30.0
+    runner_sweep_jitter_seconds: float = 5.0
+    server_id: str | None = None
+    runner_heartbeat_seconds: float = 10.0
+    coordinator_local: bool = False
     host: str = "0.0.0.0"
     port: int = 4100
     data_dir: str = "./data"
@@ -431,10 +513,17 @@ class Settings:
     sandbox_egress_allow: str | None = None
     sandbox_egress_public: bool = True
     sandbox_ptrace_agents: tuple[str, ...] = ()
+    webhook_allow: str | None = None
+    webhook_max_attempts: int = 8
+    webhook_timeout_seconds: float = 10.0
+    webhook_backoff_seconds: float = 10.0
+    webhook_concurrency: int = 8
     allow_weak_isolation: bool = False
     prewarm: int = 2
     zygote: bool = True
     setup_timeout_seconds: int = 300
+    setup_log_lines: int = 1000
+    session_log_lines: int = 10000
     actor_timeout_seconds: float = 60.0
     max_body_bytes: int = 20 * 1024 * 1024
     shutdown_grace_seconds: float = 10.0
@@ -443,6 +532,7 @@ class Settings:
     tenant_max_credentials: int = 100
     tenant_max_api_keys: int = 100
     agent_max_upload_mb: int = 50
+    attachment_max_mb: int = 10
     snapshots_keep: int = 3
     snapshot_max_mb: int = 1024
     turn_max_stored_mb: int = 64
@@ -450,6 +540,12 @@ class Settings:
     data_dir_min_free_mb: int = 256
     data_dir_warn_free_mb: int = 2048
     storage_retry_seconds: float = 30.0
+    queue_concurrency: int = 4
+    queue_concurrency_per_tenant: int = 2
+    tenant_max_queued: int = 1000
+    queue_retry_seconds: float = 5.0
+    queue_retry_max_seconds: float = 300.0
+    queue_lease_seconds: float = 30.0
     model_allow: str | None = None
     model_max_tokens: int = 32000
     model_context_window: int = 200_000

@@ -4,7 +4,7 @@ registry (fresh per server and per test)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import prometheus_client
@@ -50,6 +50,28 @@ class Metrics:
         self.model_seconds = Histogram("ash_model_request_duration_seconds", "Duration of forwarded model calls",
                                        ["model"], registry=r,
                                        buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600))
+        # Runners (coordinator mode), refreshed from the shared database at each scrape; the
+        # counters are this coordinator's own sweeps.
+        self.runners = Gauge("ash_runners", "Registered runners by state (alive, stale: heartbeat late but not "
+                             "yet swept, dead)", ["state"], registry=r)
+        self.runner_capacity = Gauge("ash_runner_max_sandboxes", "Sandbox capacity of each live runner",
+                                     ["runner"], registry=r)
+        self.runner_running = Gauge("ash_runner_running_sandboxes", "Running sandboxes of each live runner "
+                                    "(last heartbeat)", ["runner"], registry=r)
+        self.runner_warming = Gauge("ash_runner_warming_sandboxes", "Warming sandboxes of each live runner "
+                                    "(last heartbeat)", ["runner"], registry=r)
+        self.runner_sweeps = Counter("ash_runner_sweeps", "Runner liveness sweeps run by this coordinator",
+                                     registry=r)
+        self.runners_lost = Counter("ash_runners_lost", "Runners this coordinator's sweeps marked dead",
+                                    registry=r)
+        self.runner_lost_paused = Counter("ash_runner_lost_sessions_paused", "Sessions paused by this "
+                                          "coordinator's sweeps because their runner was lost", registry=r)
+        self.queue_items = Gauge("ash_queue_items", "Queue items per status, over every server sharing the "
+                                 "database", ["status"], registry=r)
+        self.queue_running = Gauge("ash_queue_running", "Queue items this server is running", registry=r)
+        self.queue_attempts = Counter("ash_queue_attempts", "Queue item attempts this server ran, by outcome "
+                                      "(completed, retry, failed, lost: the claim had expired)", ["outcome"],
+                                      registry=r)
         self._model_labels: set[str] = set()
         self.up.set(1)
         for state in POOL_STATES:
@@ -71,6 +93,31 @@ class Metrics:
         if data_space is not None:
             self.data_free.set(data_space.free_bytes)
             self.data_size.set(data_space.total_bytes)
+
+    def runner_sweep(self, lost: int, paused: int) -> None:
+        self.runner_sweeps.inc()
+        self.runners_lost.inc(lost)
+        self.runner_lost_paused.inc(paused)
+
+    def refresh_runners(self, counts: Mapping[str, int], live: Sequence[tuple[str, int, int, int]]) -> None:
+        """`counts`: runners by state; `live`: (runner id, max sandboxes, running, warming) of each
+        alive runner. Series of runners that are gone are dropped."""
+        for state in ("alive", "stale", "dead"):
+            self.runners.labels(state=state).set(counts.get(state, 0))
+        for gauge in (self.runner_capacity, self.runner_running, self.runner_warming):
+            gauge.clear()
+        for runner_id, capacity, running, warming in live:
+            label = _LABEL_CHARS.sub("_", runner_id)[:128]
+            self.runner_capacity.labels(runner=label).set(capacity)
+            self.runner_running.labels(runner=label).set(running)
+            self.runner_warming.labels(runner=label).set(warming)
+    def refresh_queue(self, stats: Mapping[str, int], running: int) -> None:
+        for status, count in stats.items():
+            self.queue_items.labels(status=status).set(count)
+        self.queue_running.set(running)
+
+    def count_queue_attempt(self, outcome: str) -> None:
+        self.queue_attempts.labels(outcome=outcome).inc()
 
     def count_resume(self, path: str) -> None:
         self.resumes.labels(path=path).inc()

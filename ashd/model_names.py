@@ -41,3 +41,13 @@ def context_window(model: str, betas: list[str], unknown: int = DEFAULT_CONTEXT_
         if name.startswith(prefix):
             return window
     return unknown
+
+# With extended thinking the engine asks for `budget_tokens` plus this much room for the reply
+# (`max_tokens` counts both); the server checks the sum against its max_tokens ceiling up front.
+THINKING_REPLY_TOKENS = 8192
+MIN_THINKING_BUDGET = 1024  # the Messages API's minimum `budget_tokens`
+
+
+def thinking_max_tokens(budget_tokens: int, default_max_tokens: int) -> int:
+    """The `max_tokens` of a call that may think for `budget_tokens` (the API wants it larger)."""
+    return max(default_max_tokens, budget_tokens + THINKING_REPLY_TOKENS)

@@ -1,9 +1,11 @@
 """Actors and sandboxes of a running server: started after storage, stopped before it.
 
 Order (`start`, top to bottom): sandbox launcher (isolation probe, cgroups, zygote) → snapshot
-actor → model proxy → orphaned sessions paused, leftover workspaces rescued → warmer → pool actor
-(which pre-warms) → session registry and its backend. Stop is the reverse, except that the pool
-stops first: sandboxes go before the launcher and the snapshot actor they use.
+actor → model proxy → webhook dispatcher (before anything can emit an event) → orphaned sessions
+paused, leftover workspaces rescued → warmer → pool actor (which pre-warms) → session registry and
+its backend; then (`start_queue`, after the backend it runs turns on) the queue actor. Stop is the
+reverse, except that the pool stops first: sandboxes go before the launcher and the snapshot actor
+they use.
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from ashd._bootstrap import sandbox_owner_id
 from ashd.actors import (
+    DispatchConfig,
+    LivenessConfig,
+    LogTails,
     PoolActor,
     PoolConfig,
+    QueueConfig,
+    QueueService,
+    RunnerLiveness,
+    RunnerRegistryActor,
     SandboxLost,
     SessionDeps,
     SessionRegistry,
@@ -28,13 +38,23 @@ from ashd.actors import (
     StatsBoard,
     TurnLimits,
     Warmer,
+    WebhookDispatcher,
     call,
     default_capacity,
     snapshot_proxy,
     stop_actor,
     tell_loop,
 )
-from ashd.backends import BundleConfig, LocalBackend, SessionBackend, TurnDriver, latest_snapshot, snapshot_reader
+from ashd.backends import (
+    BundleConfig,
+    LocalBackend,
+    RoutingBackend,
+    RunnerClient,
+    SessionBackend,
+    TurnDriver,
+    latest_snapshot,
+    snapshot_reader,
+)
 from ashd.config import Settings
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
@@ -46,8 +66,25 @@ from ashd.sandboxing import (
     SandboxLauncher,
     SandboxLimits,
     SandboxSpec,
+    WebhookTargets,
 )
-from ashd.storage import Agents, Cipher, Credentials, Database, Sessions, SnapshotBoard, iso, record_usage, utcnow
+from ashd.storage import (
+    Agents,
+    Cipher,
+    Credentials,
+    Database,
+    Runners,
+    SessionLogs,
+    Sessions,
+    SnapshotBoard,
+    Webhooks,
+    iso,
+    record_usage,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from ashd.storage import TenantStorage
 
 log = logging.getLogger(__name__)
 StopStep = Callable[[], Awaitable[None]]
@@ -86,6 +123,8 @@ class LocalSessions:
     pool: PoolRef
     registry: SessionRegistry
     backend: LocalBackend
+    owner_id: str = ""  # stamped on the sessions whose sandboxes these are (`sandbox_owner_id`)
+    webhooks: WebhookDispatcher | None = None
 
 
 class _LostSandboxes:
@@ -112,40 +151,109 @@ def sandbox_limits(settings: Settings) -> SandboxLimits:
                          cpu_cores=settings.sandbox_cpu, disk_bytes=settings.sandbox_disk_mb * 1024 * 1024)
 
 
-async def start(parts: StorageParts, stops: list[tuple[str, StopStep]]) -> LocalSessions:
+async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
+                runner_id: str | None = None) -> LocalSessions:
     """Start everything in order; each started piece registers its stop in `stops` at once, so a
-    failing step leaves the caller able to stop what came before it."""
+    failing step leaves the caller able to stop what came before it. `runner_id`: this process is
+    that runner (`ashd runner`): its sessions carry the id, and its start-up pauses only its own."""
     settings = parts.settings
-    if settings.mode == "coordinator":
-        # The runner registry endpoints work, but routing sessions to runners is not built yet:
-        # say so instead of silently behaving like standalone.
-        log.warning("SERVICE_MODE=coordinator: sessions are not routed to runners yet; they run in this "
-                    "server's local sandbox pool (the runner registry endpoints are available)")
     launcher = await _start_launcher(settings, stops)
     board = SnapshotBoard()
     snapshots = _start_snapshots(settings, board, stops)
     model_proxy = _model_proxy(parts)
     stops.append(("model proxy", model_proxy.close))
-    sessions = Sessions(parts.db)
-    orphans = await sessions.pause_orphans()
+    webhooks = start_webhooks(parts, stops)
+    # A runner owns its sessions by its runner id (which may be derived, not set), as the coordinator routes.
+    owner_id = runner_id or sandbox_owner_id(settings)
+    sessions = Sessions(parts.db, owner_id)
+
+    async def orphan_paused(tenant: str, session_id: str, agent: str, before: str) -> None:
+        await webhooks.emit(tenant, "session.status_changed",
+                            status_event(session_id, agent, before, "paused", "paused", {"reason": "restart"}))
+
+    # Only what this process owned: another server or runner on the same database keeps its live
+    # sessions. Rows from before owners were stamped count as ours only on a one-process SQLite.
+    unowned = (settings.mode == "standalone" and runner_id is None and not settings.runner_id
+               and parts.db.dialect == "sqlite")
+    orphans = await sessions.pause_orphans(owner_id=owner_id, unowned=unowned, on_paused=orphan_paused)
     if orphans:
-        log.info("paused sessions left active by the previous process", extra={"count": len(orphans)})
+        log.info("paused sessions left active by the previous process",
+                 extra={"count": len(orphans), "ownerId": owner_id})
     await _rescue_workspaces(sessions, snapshots, launcher, settings.actor_timeout_seconds)
     warmer = Warmer(asyncio.get_running_loop(), model_proxy, settings.actor_timeout_seconds)
     stops.append(("warmer", warmer.close))
+    # What sandboxes print, kept per session (GET .../logs); stopped after the pool (registered before
+    # it), so the last lines of the sandboxes it stops are stored.
+    tails = LogTails(SessionLogs(parts.db, settings.session_log_lines))
+    stops.append(("session logs", tails.close))
     lost = _LostSandboxes(asyncio.get_running_loop())
     pool = await _start_pool(settings, launcher, snapshots, lost, warmer)
-    registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer))
+    registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer, webhooks,
+                                            tails, runner_id))
     lost.registry = registry
     bundles = BundleConfig(Path(settings.data_dir), settings.snapshot_max_mb * 1024 * 1024,
                            latest_snapshot(snapshots, settings.actor_timeout_seconds))
-    backend = LocalBackend(registry, _turn_driver(parts, sessions, pool.proxy, model_proxy),
+    backend = LocalBackend(registry, _turn_driver(parts, sessions, pool.proxy, model_proxy, webhooks),
                            snapshot_reader(snapshots, settings.actor_timeout_seconds), bundles)
     stops.append(("session actors", backend.close))
 
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
     stops.append(("pool actor", lambda: stop_actor(pool.ref, settings.actor_timeout_seconds)))
-    return LocalSessions(launcher, snapshots, board, model_proxy, pool, registry, backend)
+    return LocalSessions(launcher, snapshots, board, model_proxy, pool, registry, backend, owner_id, webhooks)
+
+
+def start_runner_liveness(settings: Settings, db: Database, metrics: Metrics,
+                          stops: list[tuple[str, StopStep]]) -> RunnerLiveness | None:
+    """On a coordinator: the sweep that marks silent runners dead and pauses their sessions."""
+    if settings.mode != "coordinator":
+        return None
+    liveness = RunnerLiveness(Runners(db), LivenessConfig(settings.runner_liveness_seconds,
+                                                          settings.runner_sweep_seconds,
+                                                          settings.runner_sweep_jitter_seconds), metrics)
+    liveness.start()
+    stops.append(("runner liveness", liveness.close))
+    return liveness
+
+def start_webhooks(parts: StorageParts, stops: list[tuple[str, StopStep]]) -> WebhookDispatcher:
+    """The webhook outbox's sender; started before anything can emit an event, stopped after."""
+    settings = parts.settings
+    dispatcher = WebhookDispatcher(
+        Webhooks(parts.db, parts.cipher), WebhookTargets.parse(settings.sandbox_egress_allow, settings.webhook_allow),
+        DispatchConfig(concurrency=settings.webhook_concurrency, timeout_seconds=settings.webhook_timeout_seconds,
+                       max_attempts=settings.webhook_max_attempts, backoff_seconds=settings.webhook_backoff_seconds))
+    dispatcher.start()
+    stops.append(("webhook dispatcher", dispatcher.close))
+    return dispatcher
+
+
+def status_event(session_id: str, agent: str, before: str | None, after: str, action: str,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    """The `session.status_changed` webhook's data."""
+    reason = extra.get("reason")
+    return {"sessionId": session_id, "agentName": agent, "from": before, "to": after, "action": action,
+            "reason": reason if isinstance(reason, str) else action}
+
+
+def start_queue(parts: StorageParts, backend: SessionBackend, tenant_storage: TenantStorage,
+                stops: list[tuple[str, StopStep]], webhooks: WebhookDispatcher | None = None) -> QueueService:
+    """The queue actor, after the session backend it runs turns on; registered after it, so it stops
+    (hands its unfinished items back) before the session actors go. `tenant_storage`: the limits
+    POST /api/sessions applies, applied to the sessions the queue creates."""
+    from ashd.backends import QueueTurns
+    from ashd.storage import Backoff, QueueItems
+
+    settings = parts.settings
+    items = QueueItems(parts.db)
+    turns = QueueTurns(backend, items, parts.agents, tenant_storage, parts.server_id,
+                       Backoff(settings.queue_retry_seconds, settings.queue_retry_max_seconds),
+                       settings.sandbox_disk_max_mb, parts.metrics,
+                       on_finished=webhooks.queue_item_finished if webhooks is not None else None)
+    service = QueueService(items, turns.run, QueueConfig(
+        owner=parts.server_id, capacity=settings.queue_concurrency,
+        per_tenant=settings.queue_concurrency_per_tenant, lease_s=settings.queue_lease_seconds,
+        timeout=settings.actor_timeout_seconds))
+    stops.append(("queue", lambda: service.close(min(2.0, settings.shutdown_grace_seconds))))
+    return service
 
 
 async def _start_launcher(settings: Settings, stops: list[tuple[str, StopStep]]) -> SandboxLauncher:
@@ -199,8 +307,15 @@ async def _start_pool(settings: Settings, launcher: SandboxLauncher, snapshots: 
 
 
 def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots: Any, model_proxy: ModelProxy,
-                  warmer: Warmer) -> SessionDeps:
+                  warmer: Warmer, webhooks: WebhookDispatcher, tails: LogTails | None = None,
+                  runner_id: str | None = None) -> SessionDeps:
     settings = parts.settings
+    loop = asyncio.get_running_loop()
+
+    def on_status(tenant: str, session_id: str, agent: str, before: str | None, after: str, action: str,
+                  extra: dict[str, Any]) -> None:  # on an actor's thread: hand over, never wait
+        loop.call_soon_threadsafe(webhooks.emit_soon, tenant, "session.status_changed",
+                                  status_event(session_id, agent, before, after, action, extra))
 
     def decrypt_env(blob: bytes | None, session_id: str) -> dict[str, str]:
         value = parts.cipher.decrypt_json(blob, session_id.encode()) if blob else None
@@ -232,10 +347,15 @@ def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots:
         seccomp_profile=settings.seccomp_profile,
         context_window=settings.model_context_window,
         engine=settings.engine,
+        session_logs=tails,
+        setup_log_lines=settings.setup_log_lines,
+        runner_id=runner_id,
+        on_status=on_status,
     )
 
 
-def _turn_driver(parts: StorageParts, sessions: Sessions, pool: Any, model_proxy: ModelProxy) -> TurnDriver:
+def _turn_driver(parts: StorageParts, sessions: Sessions, pool: Any, model_proxy: ModelProxy,
+                 webhooks: WebhookDispatcher) -> TurnDriver:
     settings = parts.settings
 
     async def exit_info(sandbox_id: str) -> Any:
@@ -243,8 +363,11 @@ def _turn_driver(parts: StorageParts, sessions: Sessions, pool: Any, model_proxy
 
     limits = TurnLimits(settings.turn_max_stored_mb * 1024 * 1024, settings.turn_max_events,
                         settings.storage_retry_seconds)
+    def completed(tenant: str, data: dict[str, Any]) -> None:
+        webhooks.emit_soon(tenant, "turn.completed", data)
+
     return TurnDriver(sessions, limits, parts.metrics, model_proxy, _usage_recorder(parts.db), exit_info,
-                      settings.debug_timing)
+                      settings.debug_timing, on_completed=completed)
 
 
 def _usage_recorder(db: Database) -> Callable[[str, str, str, dict[str, float]], Awaitable[None]]:
@@ -312,6 +435,35 @@ def _check_socket_paths(data: Path) -> None:
             f"{_SOCKET_PATH_MAX}-byte Unix socket path limit; use a path of at most "
             f"{_SOCKET_PATH_MAX - (deepest - len(str(data)))} characters"
         )
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    """A coordinator's routing (SERVICE_MODE=coordinator): its backend, and its local pool if any."""
+
+    backend: RoutingBackend
+    local: LocalSessions | None
+
+
+async def start_coordinator(parts: StorageParts, stops: list[tuple[str, StopStep]]) -> Coordinator:
+    """The runner registry and the routing backend; the local pool only with SERVICE_COORDINATOR_LOCAL
+    (then sessions without an alive runner run here)."""
+    settings = parts.settings
+    # The local pool is a runner like the others (its runner API on SERVICE_RUNNER_PORT, its row in
+    # the runners table, see `ashd.runner.LocalPoolRunner`): its sessions carry its id, so every
+    # coordinator routes to them and a dead coordinator's sessions follow a dead runner's rules.
+    local_id = sandbox_owner_id(settings) if settings.coordinator_local else None
+    local = await start(parts, stops, runner_id=local_id) if local_id is not None else None
+    ref = RunnerRegistryActor.start(asyncio.get_running_loop(), Runners(parts.db).list,
+                                    settings.runner_liveness_seconds, timeout=settings.actor_timeout_seconds)
+    stops.append(("runner registry", lambda: stop_actor(ref, settings.actor_timeout_seconds)))
+    assert settings.internal_secret, "load_settings requires SERVICE_INTERNAL_SECRET in coordinator mode"
+    client = RunnerClient(settings.internal_secret,
+                          settings.actor_timeout_seconds + 2 * settings.setup_timeout_seconds + 30, settings.data_path)
+    backend = RoutingBackend(Sessions(parts.db), ref.proxy(), client, local.backend if local else None,
+                             settings.actor_timeout_seconds, local_runner_id=local_id)
+    stops.append(("runner connections", backend.close))
+    return Coordinator(backend, local)
 
 
 async def drain(backend: SessionBackend, grace_seconds: float) -> None:

@@ -8,10 +8,13 @@ when created on a thread that runs an event loop, also resolve an asyncio future
 `stop_actor()` stops an actor and waits for it off the loop.
 
 Actor → loop: `tell_loop()` runs a plain callable on the loop, `spawn_on_loop()` starts a
-coroutine there that nobody waits for, and `run_on_loop()` runs one and waits for its result in
-the actor's thread: the session actor's database and bridge work. That one blocks the actor (never
-the loop): the actor's inbox serialises the session's transitions, so it has nothing else to do
-meanwhile.
+coroutine there that nobody waits for, and `pipe_to_actor()` starts one and tells an actor its
+outcome as a message (Akka's `pipeTo`): the session actor's database and bridge work. No actor
+thread ever waits for the loop; an actor that needs a result handles other messages until the
+message with the result arrives (`_staged.py`).
+
+Answering later: pykka replies with what a handler returns. A handler that returns a `Later`
+answers when the `Later` is resolved: the caller's `AioFuture` takes its value then.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from ashd.errors import Unavailable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+class Later(concurrent.futures.Future[T]):
+    """An actor's answer given after its handler returned: the caller's future resolves with it.
+
+    Resolved in the actor's own thread (`set_result`/`set_exception`), never cancelled.
+    """
 
 
 class AioFuture(ThreadingFuture[Any]):
@@ -58,8 +68,18 @@ class AioFuture(ThreadingFuture[Any]):
             self._loop.call_soon_threadsafe(apply)
 
     def set(self, value: Any | None = None) -> None:
+        if isinstance(value, Later):  # the handler answers later: take its value when it has one
+            value.add_done_callback(self._settle)
+            return
         super().set(value)
         self._resolve(value, None)
+
+    def _settle(self, later: concurrent.futures.Future[Any]) -> None:
+        exc = Unavailable("the request was abandoned; try again") if later.cancelled() else later.exception()
+        if exc is None:
+            self.set(later.result())
+        else:
+            self.set_exception((type(exc), exc, exc.__traceback__))
 
     def set_exception(self, exc_info: Any = None) -> None:
         super().set_exception(exc_info)
@@ -119,9 +139,42 @@ def spawn_on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any
     future.add_done_callback(done)
 
 
-def run_on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-    """Run `coro` on the loop and wait for its result in this (actor) thread, at most `timeout` s.
+_piped: set[concurrent.futures.Future[None]] = set()  # work piped to actors, held until it is done
 
-    Never call this on the loop's own thread: it would wait for itself.
+
+def pipe_to_actor(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float,
+                  ref: pykka.ActorRef[Any], message: Callable[[Any, BaseException | None], Any]) -> None:
+    """Run `coro` on the loop, at most `timeout` seconds, then tell `ref` `message(result, error)`.
+
+    Called from the actor's thread, which goes on with its inbox meanwhile; the outcome comes back
+    as an ordinary message. A loop that is closed or cancels the work (shutting down) is reported as
+    Unavailable; an actor stopped meanwhile gets nothing (the outcome has no one left to serve).
     """
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+    async def run() -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                result = await coro
+        except asyncio.CancelledError:
+            _tell(ref, message(None, Unavailable("the service is shutting down; try again")))
+            raise
+        except Exception as exc:  # noqa: BLE001 - the actor's handler decides what an error means
+            error = exc
+        _tell(ref, message(result, error))
+
+    runner = run()
+    try:
+        future = asyncio.run_coroutine_threadsafe(runner, loop)
+    except RuntimeError:  # the loop is closed: shutting down
+        runner.close()
+        coro.close()
+        _tell(ref, message(None, Unavailable("the service is shutting down; try again")))
+        return
+    _piped.add(future)
+    future.add_done_callback(_piped.discard)
+
+
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)

@@ -1,24 +1,39 @@
 """SessionActor: the one owner of a live session's status, sandbox and running turn.
 
-Every transition of one session is serialised by this actor's inbox, so pause-during-turn, double
-resume and delete-during-create each have one answer. Database and bridge work are coroutines run
-on the event loop (`deps.run`); the actor thread waits for them, the loop never waits for the actor.
+Every transition of one session is a staged request (`_staged.py`): one runs at a time, and those
+that arrive meanwhile wait their turn, so pause-during-turn, double resume and delete-during-create
+each have one answer. Database and bridge work are coroutines the handlers yield: they run on the
+event loop and their outcome comes back as a message, so the actor's thread never waits for the
+loop and the loop never waits for the actor. `running_turn` and `workspace` answer at once, from
+the state the last finished transition left.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import errno
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ashd.actors._aio import AioActor, spawn_on_loop
+from ashd.actors._aio import Later, spawn_on_loop
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.errors import BadRequest, Conflict, DiskQuotaExceeded, Gone, SandboxError, ServiceError, StorageFull
+from ashd.actors._staged import OnLoop, Stage, StagedActor, staged
+from ashd.errors import (
+    BadRequest,
+    Conflict,
+    DiskQuotaExceeded,
+    Gone,
+    SandboxError,
+    ServiceError,
+    StorageError,
+    StorageFull,
+    Unavailable,
+)
 from ashd.sandboxing import prepare_workspace
 from ashd.storage import Session, SnapshotTooLarge, log_failure, session_json, storage_failure
 
@@ -27,9 +42,9 @@ log = logging.getLogger(__name__)
 _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 
 
-class SessionActor(AioActor):
+class SessionActor(StagedActor):
     def __init__(self, deps: SessionDeps, session_id: str, tenant: str) -> None:
-        super().__init__()
+        super().__init__(deps.loop, deps.ask_timeout)
         self.deps = deps
         self.session_id = session_id
         self.tenant = tenant
@@ -38,65 +53,82 @@ class SessionActor(AioActor):
         self.conn: Any = None
         self.turn: TurnTicket | None = None
         # Pause requests waiting for the running turn to be interrupted and stored (see `pause`).
-        self._pause_waiters: list[concurrent.futures.Future[dict[str, Any]]] = []
+        self._pause_waiters: list[Later[dict[str, Any]]] = []
         self._execs = 0  # commands of POST .../exec running in the sandbox
+        # Config changes (PATCH .../config) the live bridge has not been sent yet: they go with the next
+        # query. A bridge started later gets the stored config in its init instead.
+        self._live_changes: dict[str, Any] | None = None
+        self._restored = False  # the last sandbox start restored the workspace from a snapshot
 
     # --- reads ---------------------------------------------------------------------------------
-    def view(self) -> dict[str, Any]:
-        return session_json(self._row())
+    @staged
+    def view(self) -> Stage[dict[str, Any]]:
+        return session_json((yield from self._row()))
 
-    def _row(self) -> Session:
+    def _shared_row(self) -> Stage[Session]:
+        """The row as the database has it, on a runner: coordinators change sessions there too (a
+        liveness sweep pauses the sessions of a runner it thought dead), so a runner does not act on
+        its cached copy when a resume or a turn begins. Standalone, this actor is the only writer."""
+        if self.deps.runner_id is not None:
+            self.row = None
+        return (yield from self._row())
+
+    def _row(self) -> Stage[Session]:
         if self.row is None:
-            self.row = self.deps.run(self.deps.sessions.get(self.tenant, self.session_id))
+            self.row = yield self.deps.sessions.get(self.tenant, self.session_id)
         return self.row
 
     # --- create / resume -----------------------------------------------------------------------
-    def create(self, req: CreateRequest, row: Session) -> dict[str, Any]:
+    @staged
+    def create(self, req: CreateRequest, row: Session) -> Stage[dict[str, Any]]:
         self.row = row  # just inserted by the registry: no need to read it back
-        return self._first_start("created", None, resume_history=False, restore=False, agent=req.agent)
+        return (yield from self._first_start("created", None, resume_history=False, restore=False,
+                                             agent=req.agent))
 
-    def start_fork(self, row: Session) -> dict[str, Any]:
+    @staged
+    def start_fork(self, row: Session) -> Stage[dict[str, Any]]:
         """Bring up a fork: its snapshot (the parent's workspace) restored and its copied conversation
         handed to the engine, as on a cold resume."""
         self.row = row
-        return self._first_start("forked", {"parentSessionId": row.parent_session_id},
-                                 resume_history=True, restore=True)
+        return (yield from self._first_start("forked", {"parentSessionId": row.parent_session_id},
+                                             resume_history=True, restore=True))
 
     def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
-                     agent: Any = None) -> dict[str, Any]:
+                     agent: Any = None) -> Stage[dict[str, Any]]:
         try:
-            self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
+            yield from self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
         except ServiceError as exc:
-            self._fail(exc.message)
+            yield from self._fail(exc.message)
             raise
         except Exception as exc:
             log_failure(log, "session creation failed", exc, sessionId=self.session_id)
             mapped = storage_failure(exc)  # the workspace copy met a full disk: 507, not 500
             # The exception's text names host paths (data dir, sandbox dirs): it stays in the log.
             reason = f"sandbox creation failed ({type(exc).__name__}); the details are in the server log"
-            self._fail(mapped.message if mapped else reason)
+            yield from self._fail(mapped.message if mapped else reason)
             raise (mapped or SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in "
                                           "the server log")) from exc
-        self.row = self._transition("active", action, extra=extra,
-                                    sandbox_id=self.handle.sandbox_id if self.handle else "")
+        self.row = yield from self._transition("active", action, extra=extra,
+                                               sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
-    def resume(self) -> dict[str, Any]:
-        row = self._row()
+    @staged
+    def resume(self) -> Stage[dict[str, Any]]:
+        row = yield from self._shared_row()
         if row.status == "ended":
             raise Gone("Session has ended; create a new session")
         if row.status == "active" and self.conn is not None:
             return session_json(row)
         # Resuming needs the agent on either path (404 "session or agent not found"); a session
         # that is still active keeps working without it (DELETE removes the registration only).
-        agent = self.deps.run(self.deps.resolve_agent(self.tenant, row.agent_name))
+        agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
         path = "cold"
         if self.handle is not None and self.conn is not None and self._pool_alive(self.handle.sandbox_id):
             path = "warm"
         else:
-            self._drop_sandbox()
+            yield from self._drop_sandbox()
             try:
-                self._start_sandbox(resume_history=True, restore=True, agent=agent)
+                yield from self._start_sandbox(resume_history=True, restore=True, agent=agent)
             except ServiceError:
                 raise
             except Exception as exc:
@@ -104,23 +136,35 @@ class SessionActor(AioActor):
                 mapped = storage_failure(exc)  # restoring the snapshot met a full disk: 507
                 raise (mapped or SandboxError(f"A new sandbox could not be created for cold resume "
                                               f"({type(exc).__name__}); the details are in the server log")) from exc
-        self.row = self._transition("active", "resumed", extra={"path": path},
-                                    sandbox_id=self.handle.sandbox_id if self.handle else "", error=None)
+        extra: dict[str, Any] = {"path": path}
+        if path == "cold":
+            # False: a fresh agent folder (no snapshot here, e.g. another runner's session without
+            # SERVICE_SNAPSHOT_URL); the conversation is kept either way.
+            extra["workspaceRestored"] = self._restored
+        owner = {"runner_id": self.deps.runner_id} if self.deps.runner_id is not None else {}
+        self.row = yield from self._transition("active", "resumed", extra=extra,
+                                               sandbox_id=self.handle.sandbox_id if self.handle else "", error=None,
+                                               **owner)
         self.deps.pool.count_resume(path)
         self.deps.count_resume(path, self.session_id, row.agent_name)
-        return session_json(self.row)
+        view = session_json(self.row)
+        if path == "cold":
+            view["workspaceRestored"] = self._restored
+        return view
 
-    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None) -> None:
-        row = self._row()
+    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None) -> Stage[None]:
+        """Claim a sandbox, prepare its workspace and configure its bridge; the session holds it
+        (`handle`, `conn`) only once it is ready, and a failure releases it."""
+        row = yield from self._row()
         deps = self.deps
         config = _config(row)
         if agent is None:
-            agent = deps.run(deps.resolve_agent(self.tenant, row.agent_name))
+            agent = yield deps.resolve_agent(self.tenant, row.agent_name)
         network = bool(config.get("network", agent.network or deps.network_default))
         env: dict[str, str] = dict(agent.env or {})
         api_key = deps.fallback_api_key
         if row.credential_id:
-            cred = deps.run(deps.resolve_credential(self.tenant, row.credential_id))
+            cred = yield deps.resolve_credential(self.tenant, row.credential_id)
             if cred.type == "anthropic":
                 api_key = cred.secret  # never enters the sandbox: the model proxy adds it
             else:
@@ -133,8 +177,9 @@ class SessionActor(AioActor):
         disk_bytes = int(disk_mb) * 1024 * 1024 if disk_mb else None
         handle: SandboxHandle = (deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
                                  .get(timeout=deps.ask_timeout))
-        self.handle = handle
         try:
+            if deps.session_logs is not None:  # from now on the sandbox's stderr is the session's
+                yield deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log")
             binding = None
             if deps.model_proxy is not None:
                 from ashd.sandboxing import ModelBinding, session_models
@@ -144,11 +189,11 @@ class SessionActor(AioActor):
                 binding = ModelBinding(self.session_id, self.tenant, row.agent_name,
                                        session_models(row.model, agent.model, agent.path, config),
                                        key=_constant(api_key))
-            restored = False
+            restored = self._restored = False
             try:
                 if restore and deps.snapshots is not None:
-                    restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
-                                    .get(timeout=deps.ask_timeout))
+                    restored = self._restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
+                                                     .get(timeout=deps.ask_timeout))
                 prepare_workspace(None if restored else Path(agent.path), handle.paths.workspace,
                                   None if restored else config.get("systemPrompt"),
                                   None if restored else config.get("mcpServers"),
@@ -164,7 +209,7 @@ class SessionActor(AioActor):
             if resume_history:
                 from ashd.bridge.history import history_from_stored
 
-                history = history_from_stored(deps.run(deps.sessions.all_message_contents(self.session_id)))
+                history = history_from_stored((yield deps.sessions.all_message_contents(self.session_id)))
             init = {
                 "sessionId": self.session_id,
                 "env": env,
@@ -178,15 +223,20 @@ class SessionActor(AioActor):
                 "history": history,
                 "runSetup": not restored,
                 "setupTimeout": deps.setup_timeout,
+                "setupLogLines": deps.setup_log_lines,
                 "contextWindow": deps.context_window,
                 "engine": deps.engine,
             }
-            self.conn = deps.run(self._connect_and_init(handle, init, binding),
-                                 timeout=deps.ask_timeout + 2 * deps.setup_timeout)
-            deps.pool.mark_ready(handle.sandbox_id)
-        except BaseException:
-            self._drop_sandbox()
+            conn = yield OnLoop(self._connect_and_init(handle, init, binding),
+                                timeout=deps.ask_timeout + 2 * deps.setup_timeout)
+        except Exception:
+            yield from self._release(handle, None)
             raise
+        except GeneratorExit:  # the actor stopped during the start: let the sandbox go, waiting for nothing
+            self._release_now(handle)
+            raise
+        self.handle, self.conn = handle, conn
+        deps.pool.mark_ready(handle.sandbox_id)
 
     async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
         """One trip to the loop: the model proxy binding and socket, the bridge connection and its init."""
@@ -206,76 +256,93 @@ class SessionActor(AioActor):
             if self.deps.model_proxy is not None:
                 await self.deps.model_proxy.start_for(handle.sandbox_id, handle.paths.model_socket)
             conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
+        sink = None
+        if self.deps.session_logs is not None:
+            sink = self.deps.session_logs.setup_sink(self.session_id, self.tenant, self.deps.setup_log_lines)
+            conn.set_log_handler(sink)
         try:
             await conn.init(init, timeout=2 * self.deps.setup_timeout)
         except BaseException:
             await conn.close()
             raise
+        finally:
+            if sink is not None:  # every setup line is stored before the creation answers
+                await sink.finish()
         return conn
 
     # --- pause / stop / delete -----------------------------------------------------------------
-    def pause(self) -> dict[str, Any] | concurrent.futures.Future[dict[str, Any]]:
-        """Pause now, or, while a turn runs, interrupt it and answer with a future that resolves once
-        the turn is stored and the session paused (an `active` session pauses, decisions.md)."""
-        row = self._row()
+    @staged
+    def pause(self) -> Stage[dict[str, Any] | Later[dict[str, Any]]]:
+        """Pause now, or, while a turn runs, interrupt it and answer once the turn is stored and the
+        session paused (an `active` session pauses, decisions.md): `end_turn` gives that answer."""
+        row = yield from self._row()
         if row.status != "active":
             raise BadRequest(f"Session is {row.status}; only an active session can be paused")
         if self.turn is not None:
-            waiter: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+            waiter: Later[dict[str, Any]] = Later()
             self._pause_waiters.append(waiter)
             if len(self._pause_waiters) == 1:
                 turn = self.turn
-                self.deps.run(turn.connection.interrupt(turn.query_id, reason="session paused"))
+                yield turn.connection.interrupt(turn.query_id, reason="session paused")
             return waiter
-        return self._pause_now()
+        return (yield from self._pause_now())
 
-    def _pause_now(self) -> dict[str, Any]:
-        row = self._row()
+    def _pause_now(self) -> Stage[dict[str, Any]]:
+        row = yield from self._row()
         if row.status != "active":
             raise BadRequest(f"Session is {row.status}; only an active session can be paused")
-        self.row = self._transition("paused", "paused")
+        self.row = yield from self._transition("paused", "paused")
         if self.handle is not None and self.deps.snapshots is not None:
             # Off the request path, and only once the status is stored: the snapshot actor's tar work
             # would otherwise compete with the transition for the interpreter.
             self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace)
         return session_json(self.row)
 
-    def stop_session(self) -> dict[str, Any]:
-        row = self._row()
+    @staged
+    def stop_session(self) -> Stage[dict[str, Any]]:
+        row = yield from self._row()
         if row.status not in ("active", "starting"):
             raise BadRequest(f"Session is {row.status}; only an active or starting session can be stopped")
         self._snapshot_before_end(strict=True)
-        self._drop_sandbox()
-        self.row = self._transition("stopped", "stopped", sandbox_id="")
+        yield from self._drop_sandbox()
+        self.row = yield from self._transition("stopped", "stopped", sandbox_id="")
         return session_json(self.row)
 
-    def delete(self, keep_workspace: bool = True) -> dict[str, Any]:
+    @staged
+    def delete(self, keep_workspace: bool = True) -> Stage[dict[str, Any]]:
         """End the session. `keep_workspace=False` (a purge follows) skips the final snapshot."""
-        row = self._row()
+        row = yield from self._row()
         if row.status == "ended":
             return session_json(row)
         skipped = self._snapshot_before_end(strict=False) if keep_workspace else None
-        self._drop_sandbox()
-        self.row = self._transition("ended", "ended", extra={"snapshot": skipped} if skipped else None)
+        yield from self._drop_sandbox()
+        self.row = yield from self._transition("ended", "ended", extra={"snapshot": skipped} if skipped else None)
         return session_json(self.row)
 
-    def sandbox_lost(self, lost: SandboxLost) -> None:
+    @staged
+    def sandbox_lost(self, lost: SandboxLost) -> Stage[None]:
         if self.handle is None or self.handle.sandbox_id != lost.sandbox_id:
             return
+        log_file = self.handle.paths.logs / "sandbox.log"
         self.handle = None
         conn, self.conn = self.conn, None
         if conn is not None:
             spawn_on_loop(self.deps.loop, conn.close(), "closing a lost sandbox's bridge connection")
+        if self.deps.session_logs is not None:  # its last lines (why it died, say) are still readable
+            spawn_on_loop(self.deps.loop, self.deps.session_logs.detach(self.session_id, log_file),
+                          "storing a lost sandbox's last log lines")
         proxy = self.deps.model_proxy
         if proxy is not None:  # the socket goes, and the calls it still answered are stored
             spawn_on_loop(self.deps.loop, proxy.stop_for(lost.sandbox_id), "detaching a lost sandbox's model proxy")
-        if self._row().status == "active" and self.turn is None:
-            self.row = self._transition("paused", "paused", extra={"reason": lost.reason.value,
-                                                                  "detail": lost.detail})
+        if (yield from self._row()).status == "active" and self.turn is None:
+            self.row = yield from self._transition("paused", "paused", extra={"reason": lost.reason.value,
+                                                                             "detail": lost.detail})
 
     # --- turns ---------------------------------------------------------------------------------
-    def begin_turn(self, content: Any, model: str | None) -> TurnTicket:
-        row = self._row()
+    @staged
+    def begin_turn(self, content: Any, model: str | None,
+                   attachments: Sequence[dict[str, Any]] = ()) -> Stage[TurnTicket]:
+        row = yield from self._shared_row()
         if row.status == "ended":  # resume answers 410 for it: point at what works
             raise BadRequest("Session is ended; create a new session")
         if row.status != "active":
@@ -285,23 +352,74 @@ class SessionActor(AioActor):
         if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
                 self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
             # The sandbox died between turns: bring the session back on a new one, transparently.
-            self._drop_sandbox()
-            self._start_sandbox(resume_history=True, restore=True)
+            yield from self._drop_sandbox()
+            yield from self._start_sandbox(resume_history=True, restore=True)
             assert self.handle is not None
             self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
         assert self.handle is not None
-        self.deps.run(self.deps.sessions.add_user_message(self.session_id, self.tenant, content))
+        yield self.deps.sessions.add_user_message(self.session_id, self.tenant, content, attachments)
+        live_config, self._live_changes = self._live_changes, None
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                                "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
                                meter=self.handle.meter,
-                               cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None)
+                               cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None,
+                               live_config=live_config)
         return self.turn
 
-    def begin_exec(self, what: str = "running commands") -> Any:
+    # --- live config ---------------------------------------------------------------------------
+    @staged
+    def configure(self, changes: dict[str, Any]) -> Stage[dict[str, Any]]:
+        """PATCH .../config: store the changed model, tools, betas or subagents (a null clears one).
+        They apply from the next turn (a running turn keeps what it started with): a live bridge
+        gets them with its next query, a new sandbox (cold resume) with its init."""
+        row = yield from self._row()
+        if row.status == "ended":
+            raise Gone("Session has ended; its config can no longer change. Create a new session")
+        if row.status == "starting":
+            raise Conflict("Session is still starting; change its config once it is active")
+        config = _config(row)
+        model = row.model
+        for key, value in changes.items():
+            if key == "model":
+                model = value
+            elif value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        initial, subagents = config.get("initialAgent"), config.get("subagents")
+        if initial is not None and (not isinstance(subagents, dict) or initial not in subagents):
+            known = ", ".join(sorted(subagents)) if isinstance(subagents, dict) and subagents else "none"
+            raise BadRequest(f"`initialAgent` {initial!r} must name one of the session's `subagents` ({known}); "
+                             "change `initialAgent` (or clear it with null) together with `subagents`")
+        self.row = yield self.deps.sessions.update_config(self.session_id, self.tenant, model, config)
+        if self.conn is not None:
+            yield from self._send_later(changes, config)
+        return session_json(self.row)
+
+    def _send_later(self, changes: dict[str, Any], config: dict[str, Any]) -> Stage[None]:
+        """Queue the changes for the live bridge, and let the model proxy allow the new models now."""
+        row = yield from self._row()
+        agent = None
+        with contextlib.suppress(ServiceError):  # a deleted agent: the session works on, without its defaults
+            agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
+        pending = dict(self._live_changes or {})
+        pending.update(changes)
+        if "model" in changes:  # a cleared model falls back to the agent's, as at init
+            pending["model"] = row.model or (agent.model if agent is not None else None)
+        self._live_changes = pending
+        proxy = self.deps.model_proxy
+        if proxy is not None and self.handle is not None and agent is not None:
+            from ashd.sandboxing import session_models
+
+            models = session_models(row.model, agent.model, agent.path, config)
+            yield _update_models(proxy, self.handle.sandbox_id, models)
+
+    @staged
+    def begin_exec(self, what: str = "running commands") -> Stage[Any]:
         """The live bridge connection for a command run through the API (not through the model).
         The sandbox is kept from eviction and the idle sweep until `end_exec`; one that died between
         turns is brought back first, as for a turn."""
-        row = self._row()
+        row = yield from self._row()
         if row.status == "ended":
             raise BadRequest("Session is ended; create a new session")
         if row.status != "active":
@@ -310,65 +428,82 @@ class SessionActor(AioActor):
                 self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
             if self.turn is not None:  # the turn's own failure handling brings the sandbox back
                 raise SandboxError("the session's sandbox is not running; try again after the running turn")
-            self._drop_sandbox()
-            self._start_sandbox(resume_history=True, restore=True)
+            yield from self._drop_sandbox()
+            yield from self._start_sandbox(resume_history=True, restore=True)
             assert self.handle is not None
             self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
         self._execs += 1
         return self.conn
 
-    def end_exec(self) -> None:
+    @staged
+    def end_exec(self) -> Stage[None]:
+        yield from ()  # no loop work; staged so that it waits for the request running before it
         self._execs = max(0, self._execs - 1)
         if self._execs == 0 and self.turn is None and self.handle is not None:
             self.deps.pool.mark_waiting(self.handle.sandbox_id)
 
-    def end_turn(self, query_id: str) -> None:
+    @staged
+    def end_turn(self, query_id: str) -> Stage[None]:
         if self.turn is None or self.turn.query_id != query_id:
             return
         self.turn = None
         if self.handle is not None and self._execs == 0:
             self.deps.pool.mark_waiting(self.handle.sandbox_id)
         self.row = None  # lastActiveAt changed in storage; read it again on next view
-        waiters, self._pause_waiters = self._pause_waiters, []
-        if waiters:  # the interrupted turn is stored: the pause asked for meanwhile happens now
+        # The interrupted turn is stored: the pause asked for meanwhile happens now. Its waiters stay
+        # listed until answered, so that a stop meanwhile answers them (`_abandon_pauses`).
+        if self._pause_waiters:
             try:
-                view = self._pause_now()
+                view = yield from self._pause_now()
             except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as its answer
+                waiters, self._pause_waiters = self._pause_waiters, []
                 for waiter in waiters:
                     waiter.set_exception(exc)
             else:
+                waiters, self._pause_waiters = self._pause_waiters, []
                 for waiter in waiters:
                     waiter.set_result(view)
 
-    def interrupt(self) -> dict[str, Any]:
+    @staged
+    def interrupt(self) -> Stage[dict[str, Any]]:
         if self.turn is None:
             raise Conflict("No turn is running")
         turn = self.turn
-        self.deps.run(turn.connection.interrupt(turn.query_id))
+        yield turn.connection.interrupt(turn.query_id)
         return {"ok": True, "sessionId": self.session_id}
 
     def workspace(self) -> Path | None:
         """The live workspace when this session has a sandbox, else None (use the snapshot)."""
         return self.handle.paths.workspace if self.handle is not None else None
 
-    def retirable(self) -> bool:
-        """True when this actor holds nothing: no sandbox, no turn (its thread can be let go)."""
-        return self.handle is None and self.turn is None
+    @staged
+    def retirable(self) -> Stage[bool]:
+        """True when this actor holds nothing once the requests before this one are done: no sandbox,
+        no turn, no request after it (its thread can be let go)."""
+        yield from ()
+        return self.handle is None and self.turn is None and not self.waiting()
 
     def running_turn(self) -> str | None:
         return self.turn.query_id if self.turn else None
 
     # --- helpers -------------------------------------------------------------------------------
-    def _transition(self, status: str, action: str, extra: dict[str, Any] | None = None, **values: Any) -> Session:
-        row = self.deps.run(self.deps.sessions.transition(self.session_id, self.tenant, status, action,
-                                                           extra=extra, **values))
+    def _transition(self, status: str, action: str, extra: dict[str, Any] | None = None,
+                    **values: Any) -> Stage[Session]:
+        before = self.row.status if self.row is not None else None
+        row: Session = yield self.deps.sessions.transition(self.session_id, self.tenant, status, action,
+                                                           extra=extra, **values)
+        if self.deps.on_status is not None and before != status:
+            try:  # a status change stands whatever its listener does
+                self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})
+            except Exception:
+                log.exception("status change listener failed", extra={"sessionId": self.session_id})
         log.info("session %s", action, extra={"sessionId": self.session_id, "tenant": self.tenant,
                                                "status": status})
         return row
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> Stage[None]:
         try:
-            self.row = self._transition("error", "error", extra={"reason": reason}, error=reason)
+            self.row = yield from self._transition("error", "error", extra={"reason": reason}, error=reason)
         except Exception:
             log.exception("could not record session error", extra={"sessionId": self.session_id})
 
@@ -399,23 +534,65 @@ class SessionActor(AioActor):
             return f"snapshot failed: {exc}"
         return None
 
-    def _drop_sandbox(self) -> None:
-        conn, self.conn = self.conn, None
+    def _drop_sandbox(self) -> Stage[None]:
+        """Let the session's sandbox go: it is no longer the session's from the first step on."""
+        handle, conn = self.handle, self.conn
+        self.handle, self.conn = None, None
+        yield from self._release(handle, conn)
+
+    def _release(self, handle: SandboxHandle | None, conn: Any) -> Stage[None]:
         if conn is not None:
             try:
-                self.deps.run(conn.shutdown(), timeout=self.deps.shutdown_grace + 1)
+                yield OnLoop(conn.shutdown(), timeout=self.deps.shutdown_grace + 1)
             except Exception:  # noqa: BLE001 - best effort: the ladder's signals follow anyway
                 log.debug("bridge shutdown request failed", extra={"sessionId": self.session_id})
-        handle, self.handle = self.handle, None
+        self._live_changes = None  # the next sandbox's init reads the stored config
         if handle is not None:
             if self.deps.warmer is not None:
                 self.deps.warmer.discard(handle.sandbox_id)  # a preparation nobody took
+            if self.deps.session_logs is not None:
+                try:
+                    yield self.deps.session_logs.detach(self.session_id)
+                except StorageError as exc:  # a full data disk: the operator's outage, said without a traceback
+                    log.warning("could not store the sandbox's last log lines: %s", exc.message,
+                                extra={"sessionId": self.session_id})
+                except Exception:
+                    log.warning("could not store the sandbox's last log lines", exc_info=True,
+                                extra={"sessionId": self.session_id})
             if self.deps.model_proxy is not None:
                 try:
-                    self.deps.run(self.deps.model_proxy.stop_for(handle.sandbox_id))
+                    yield self.deps.model_proxy.stop_for(handle.sandbox_id)
                 except Exception:  # noqa: BLE001 - the socket goes away with the sandbox dir anyway
                     log.debug("model proxy detach failed", extra={"sandboxId": handle.sandbox_id})
             self.deps.pool.release(handle.sandbox_id)
+
+    def _release_now(self, handle: SandboxHandle) -> None:
+        if self.deps.warmer is not None:
+            self.deps.warmer.discard(handle.sandbox_id)
+        if self.deps.session_logs is not None:
+            spawn_on_loop(self.deps.loop, self.deps.session_logs.detach(self.session_id),
+                          "storing an abandoned sandbox's last log lines")
+        if self.deps.model_proxy is not None:
+            spawn_on_loop(self.deps.loop, self.deps.model_proxy.stop_for(handle.sandbox_id),
+                          "detaching an abandoned sandbox's model proxy")
+        self.deps.pool.release(handle.sandbox_id)
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        self._abandon_pauses()
+
+    def on_failure(self, *exc_info: Any) -> None:
+        super().on_failure(*exc_info)
+        self._abandon_pauses()
+
+    def _abandon_pauses(self) -> None:
+        waiters, self._pause_waiters = self._pause_waiters, []
+        for waiter in waiters:
+            waiter.set_exception(Unavailable("the session's actor stopped before the pause; try again"))
+
+
+async def _update_models(proxy: Any, sandbox_id: str, models: Any) -> None:
+    proxy.update_models(sandbox_id, models)  # on the loop, which owns the proxy's bindings
 
 
 def _constant(value: str | None) -> Any:

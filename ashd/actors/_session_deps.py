@@ -6,17 +6,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from ashd.actors._aio import run_on_loop
 from ashd.storage import Sessions
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class SessionDeps:
-    loop: asyncio.AbstractEventLoop
+    loop: asyncio.AbstractEventLoop  # where the session's database and bridge work runs (`_staged.py`)
     sessions: Sessions
     pool: Any  # PoolActor proxy
     snapshots: Any  # SnapshotActor proxy or None
@@ -38,10 +35,14 @@ class SessionDeps:
     # The engine's window for unknown models (SERVICE_MODEL_CONTEXT_WINDOW), passed at init.
     context_window: int = 200_000
     engine: str = "builtin"  # SERVICE_ENGINE: agents whose settings.json names none
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run a coroutine on the event loop from the actor's thread and wait for its result."""
-        return run_on_loop(self.loop, coro, timeout or self.ask_timeout)
+    session_logs: Any = None  # LogTails: setup output and sandbox stderr, stored (None: not kept)
+    setup_log_lines: int = 1000  # SERVICE_SETUP_LOG_LINES
+    # Runner mode: this runner's id, stamped on the sessions it creates or resumes (the coordinator
+    # routes every later call for a session by it). None in standalone mode.
+    runner_id: str | None = None
+    # Told (on the actor's thread, must not block) when a session's status changed:
+    # (tenant, session id, agent name, from, to, action, extra). The webhooks' session.status_changed.
+    on_status: Callable[[str, str, str, str | None, str, str, dict[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class TurnTicket:
     started: float
     meter: Any = None  # the sandbox's ResourceMeter: limits hit, counted by the host's kernel
     cpu_at_start: float | None = None  # the sandbox's CPU seconds when the turn began (cgroup accounting)
+    # The session's config changes (PATCH .../config) the live bridge has not seen: sent with the query.
+    live_config: dict[str, Any] | None = None
 
     def compute_seconds(self) -> float:
         """CPU time the sandbox used during the turn (every process in it, tools included); the

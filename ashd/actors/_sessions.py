@@ -7,10 +7,9 @@ then on the session's actor owns every transition.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,7 +67,7 @@ class SessionRegistry:
     async def create(self, req: CreateRequest, *, encrypted_env: bytes | None) -> dict[str, Any]:
         row = Session(id=req.session_id, tenant_id=req.tenant, agent_name=req.agent_name, model=req.model,
                       status="starting", config=json.dumps(req.config), credential_id=req.credential_id,
-                      env_ciphertext=encrypted_env)
+                      env_ciphertext=encrypted_env, runner_id=self.deps.runner_id)
         await self.deps.sessions.insert(row)
         async with self._lock:
             ref = SessionActor.start(self.deps, req.session_id, req.tenant)
@@ -95,7 +94,7 @@ class SessionRegistry:
                 await call(snapshots.copy_latest(parent_id, child_id), self.timeout + 2 * self.deps.setup_timeout)
         row = Session(id=child_id, tenant_id=tenant, agent_name=parent.agent_name, model=parent.model,
                       status="starting", config=parent.config, credential_id=parent.credential_id,
-                      env_ciphertext=encrypted_env)
+                      env_ciphertext=encrypted_env, runner_id=self.deps.runner_id)
         try:
             row = await self.deps.sessions.insert_fork(row, parent_id)
         except BaseException:
@@ -117,8 +116,8 @@ class SessionRegistry:
             self._epochs[session_id] = self._epochs.get(session_id, 0) + 1
         if view is None or session_id not in self._actors:
             self._views.pop(session_id, None)
-        else:
-            self._views[session_id] = view
+        else:  # what a resume answered about this one start is not part of the session's view
+            self._views[session_id] = {k: v for k, v in view.items() if k != "workspaceRestored"}
 
     async def _changed(self, session_id: str, fut: Any, timeout: float) -> dict[str, Any]:
         self._remember(session_id, None)
@@ -143,17 +142,8 @@ class SessionRegistry:
 
     async def pause(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
-        self._remember(session_id, None)
-        answer: dict[str, Any] | concurrent.futures.Future[dict[str, Any]] = await call(proxy.pause(), self.timeout)
-        if isinstance(answer, concurrent.futures.Future):  # a turn was running: it is interrupted first
-            try:
-                async with asyncio.timeout(self.timeout + self.deps.shutdown_grace):
-                    answer = await asyncio.wrap_future(answer)
-            except TimeoutError as exc:
-                raise Unavailable("the running turn did not stop in time for the pause; try again") from exc
-        view: dict[str, Any] = answer
-        self._remember(session_id, view)
-        return view
+        # A running turn is interrupted and stored first: the answer waits for its end.
+        return await self._changed(session_id, proxy.pause(), 2 * self.timeout + self.deps.shutdown_grace)
 
     async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
@@ -201,13 +191,18 @@ class SessionRegistry:
             await self.deps.sessions.purge(tenant, session_id)
         return view
 
+    async def configure(self, tenant: str, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        proxy = await self._actor(tenant, session_id)
+        return await self._changed(session_id, proxy.configure(changes), self.timeout)
+
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]:
         return await call((await self._actor(tenant, session_id)).interrupt(), self.timeout)
 
-    async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None) -> TurnTicket:
+    async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None,
+                         attachments: Sequence[dict[str, Any]] = ()) -> TurnTicket:
         proxy = await self._actor(tenant, session_id)
         self._remember(session_id, None)  # lastActiveAt moves with the user message
-        return await call(proxy.begin_turn(content, model), self.timeout + 2 * self.deps.setup_timeout)
+        return await call(proxy.begin_turn(content, model, attachments), self.timeout + 2 * self.deps.setup_timeout)
 
     def end_turn(self, ticket: TurnTicket) -> None:
         self._remember(ticket.session_id, None)
@@ -276,6 +271,11 @@ class SessionRegistry:
             if ref.is_alive() and await call(ref.proxy().running_turn(), self.timeout):
                 busy += 1
         return busy
+
+    def live_sessions(self) -> list[tuple[str, str]]:
+        """(tenant, session id) of every session with a running actor here."""
+        return [(self._tenants[sid], sid) for sid, ref in list(self._actors.items())
+                if ref.is_alive() and sid in self._tenants]
 
     def live_actors(self) -> int:
         return sum(1 for ref in self._actors.values() if ref.is_alive())

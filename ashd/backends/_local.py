@@ -9,20 +9,22 @@ import os
 import tempfile
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ashd.actors import CreateRequest, SessionRegistry, TurnTicket, call
+from ashd.backends._attachments import WORKSPACE_DIR as ATTACHMENTS_DIR
+from ashd.backends._attachments import model_content
+from ashd.backends._attachments import prepare as prepare_attachments
 from ashd.backends._protocol import Bundle, Files, Frame, Message, NewSession, SessionView, Turn
+from ashd.backends._replay import stored_replay
 from ashd.backends._stream import TurnStream
 from ashd.backends._turn_driver import TurnDriver
-from ashd.errors import DiskQuotaExceeded, NotFound, SandboxError
-from ashd.storage import AgentFile, bundle_budget, bundle_workspace, restore_bundle
+from ashd.errors import Conflict, DiskQuotaExceeded, NotFound, SandboxError, ServiceError
+from ashd.storage import AgentFile, Attachments, bundle_budget, bundle_workspace, restore_bundle, write_files
 
 log = logging.getLogger(__name__)
-# Followers of a running turn poll storage, which the turn's recorder writes in small batches.
-_REPLAY_POLL = 0.05
 
 
 class LocalBackend:
@@ -30,6 +32,7 @@ class LocalBackend:
                  snapshot_reader: Callable[[str], Awaitable[Any]], bundles: BundleConfig) -> None:
         self._registry = registry
         self._sessions = registry.deps.sessions
+        self._attachments = Attachments(self._sessions.db)
         self._driver = driver
         self._snapshot_reader = snapshot_reader  # session id -> SnapshotReader of its latest snapshot, or None
         self._bundles = bundles
@@ -58,6 +61,9 @@ class LocalBackend:
 
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]:
         return await self._registry.interrupt(tenant, session_id)
+
+    async def configure(self, tenant: str, session_id: str, changes: dict[str, Any]) -> SessionView:
+        return await self._registry.configure(tenant, session_id, changes)
 
     async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> SessionView:
         return await self._registry.fork(tenant, parent_id, child_id, encrypted_env)
@@ -99,7 +105,11 @@ class LocalBackend:
     # --- turns ---------------------------------------------------------------------------------
     async def message(self, tenant: str, session_id: str, message: Message) -> Turn:
         t0 = time.monotonic()
-        ticket = await self._registry.begin_turn(tenant, session_id, message.content, message.model)
+        stored = message.content
+        records: list[dict[str, Any]] = []
+        if message.attachments:
+            message, records = await self._attach(tenant, session_id, message)
+        ticket = await self._registry.begin_turn(tenant, session_id, stored, message.model, records)
         lookup_ms = (time.monotonic() - t0) * 1000
         stream = TurnStream()
         # The turn runs in its own task: a reader that goes away (the server may cancel its
@@ -108,6 +118,19 @@ class LocalBackend:
         self._turns.add(task)
         task.add_done_callback(self._turns.discard)
         return stream
+
+    async def _attach(self, tenant: str, session_id: str, message: Message) -> tuple[Message, list[dict[str, Any]]]:
+        """Write the attachments the message names into the workspace; the message as the model gets
+        it, and what the stored prompt records. Refusals come before anything is written."""
+        await self._sessions.get(tenant, session_id)  # 404 for unknown or other tenant, before the ids
+        items = await self._attachments.for_message(tenant, session_id, message.attachments)
+        if await self._registry.running_turn(tenant, session_id) is not None:
+            raise Conflict("A turn is already running")
+        files, records = prepare_attachments(items)
+        await self._registry.in_live_workspace(
+            tenant, session_id, "sending a message with attachments",
+            lambda ws, owner: write_files(ws, ATTACHMENTS_DIR, files, owner))
+        return replace(message, content=model_content(message.content, items, records)), records
 
     async def _drive(self, ticket: TurnTicket, message: Message, stream: TurnStream, lookup_ms: float) -> None:
         error: BaseException | None = None
@@ -121,24 +144,10 @@ class LocalBackend:
             stream.end(error)
 
     async def replay(self, tenant: str, session_id: str, after: int) -> AsyncGenerator[Frame, None]:
-        await self._sessions.get(tenant, session_id)  # 404 for unknown or other tenant, before any frame
-        return self._replay(tenant, session_id, after)
+        async def running() -> bool:  # this process runs the session's turns: its actor knows
+            return await self._registry.running_turn(tenant, session_id) is not None
 
-    async def _replay(self, tenant: str, session_id: str, after: int) -> AsyncGenerator[Frame, None]:
-        idle_rounds = 0
-        while True:
-            frames = await self._sessions.frames_after(session_id, after)
-            for frame in frames:
-                yield Frame(frame.event, frame.data, frame.sequence)
-                after = frame.sequence
-            if frames:
-                idle_rounds = 0
-                continue
-            if await self._registry.running_turn(tenant, session_id) is None:
-                idle_rounds += 1
-                if idle_rounds > 1:  # nothing running and nothing new after a last look: done
-                    return
-            await asyncio.sleep(_REPLAY_POLL)
+        return await stored_replay(self._sessions, tenant, session_id, after, running)
 
     async def running_turns(self) -> int:
         return await self._registry.running_count()
@@ -154,6 +163,24 @@ class LocalBackend:
         if reader is not None:
             return Files("snapshot", reader)
         raise NotFound(f"No workspace available for session {session_id}: it has no live sandbox and no snapshot")
+
+    async def pause_all(self) -> int:
+        """Pause every active session of this process and wait for their workspace snapshots: a
+        runner that stops for good leaves its sessions resumable elsewhere (with SERVICE_SNAPSHOT_URL,
+        with their files). How many were paused."""
+        paused = 0
+        for tenant, session_id in self._registry.live_sessions():
+            try:
+                view = await self._registry.view(tenant, session_id)
+                if view.get("status") != "active":
+                    continue
+                await self._registry.pause(tenant, session_id)
+                await self._bundles.latest_snapshot(session_id)  # queued after its snapshot: waits for it
+                paused += 1
+            except ServiceError as exc:
+                log.warning("could not pause a session before stopping: %s", exc.message,
+                            extra={"sessionId": session_id})
+        return paused
 
     async def close(self) -> None:
         """Stop the session actors (their sandboxes go with the pool, stopped after this)."""

@@ -48,6 +48,11 @@ class Message:
     model: str | None = None
     include_partial_messages: bool = False
     max_budget_usd: float | None = None
+    # maxTurns, effort, thinking, outputFormat: checked, as the bridge's `query` frame fields.
+    options: dict[str, Any] = field(default_factory=dict)
+    # Ids of the session's attachments the message names: written into the workspace, images and
+    # PDFs shown to the model, recorded in the stored prompt (backends/_attachments.py).
+    attachments: tuple[str, ...] = ()
 
 
 class Turn(Protocol):
@@ -107,6 +112,11 @@ class SessionBackend(Protocol):
         ...
 
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]: ...
+
+    async def configure(self, tenant: str, session_id: str, changes: dict[str, Any]) -> SessionView:
+        """PATCH .../config: store the changed keys (null clears one); they apply from the next turn.
+        410 for an ended session, 409 while it is starting."""
+        ...
 
     async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> SessionView:
         """A new session `child_id` with the parent's workspace and conversation (its own environment,

@@ -42,6 +42,9 @@ class TurnDriver:
     # The sandbox's exit, once its process is reaped (None while it runs): why a connection broke.
     exit_info: Callable[[str], Awaitable[Any]]
     debug_timing: bool = False
+    # Told (tenant, event data) once a turn's `done` is sent: the webhooks' turn.completed. It must not
+    # block (it schedules the event's storing), so no receiver can slow a turn.
+    on_completed: Callable[[str, dict[str, Any]], None] | None = None
 
     async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float) -> None:
         """Drive one turn to the end whatever the reader does; stored before `done` is sent."""
@@ -67,7 +70,9 @@ class TurnDriver:
         try:
             async for frame in ticket.connection.query(message.content, model=ticket.model,
                                                        include_partial_messages=message.include_partial_messages,
-                                                       query_id=ticket.query_id, on_limits_check=limits_check):
+                                                       query_id=ticket.query_id, on_limits_check=limits_check,
+                                                       maxBudgetUsd=message.max_budget_usd,
+                                                       config=ticket.live_config, **message.options):
                 kind = frame.get("type")
                 if first_event_ms is None:
                     first_event_ms = (time.monotonic() - ticket.started) * 1000
@@ -141,6 +146,11 @@ class TurnDriver:
                 "freed")}))
         await self._record_usage(ticket, recorder, stored=not done.unstored)
         await sink.send("done", done.raw, done.sequence)
+        if self.on_completed is not None:
+            try:
+                self.on_completed(ticket.tenant, _completed_event(ticket, recorder, model, bool(done.unstored)))
+            except Exception:
+                log.exception("turn.completed event failed", extra={"sessionId": ticket.session_id})
         return model
 
     async def _report_limits(self, ticket: TurnTicket, recorder: TurnRecorder,
@@ -195,3 +205,26 @@ async def _send_error(recorder: TurnRecorder, sink: FrameSink, message: str, *, 
         await sink.send("error", json.dumps(data))
         return
     await sink.send("error", raw, seq)
+
+
+RESULT_SUMMARY_CHARS = 2000
+
+
+def _completed_event(ticket: TurnTicket, recorder: TurnRecorder, model: TurnSummary, unstored: bool) -> dict[str, Any]:
+    """The `turn.completed` webhook's data: what ended the turn and what it used."""
+    result = recorder.result or {}
+    text = result.get("result")
+    return {
+        "sessionId": ticket.session_id,
+        "agentName": ticket.agent_name,
+        "stopReason": result.get("stop_reason") or result.get("subtype") or ("error" if not result else None),
+        "subtype": result.get("subtype"),
+        "isError": bool(result.get("is_error")) or not result or unstored,
+        "result": text[:RESULT_SUMMARY_CHARS] if isinstance(text, str) else None,
+        "numTurns": result.get("num_turns"),
+        "usage": result.get("usage") if isinstance(result.get("usage"), dict) else None,
+        "model": {"calls": model.calls, "costUsd": round(model.cost_usd, 6)},
+        "toolCalls": recorder.tool_calls,
+        "computeSeconds": ticket.compute_seconds(),
+        "durationMs": round((time.monotonic() - ticket.started) * 1000),
+    }

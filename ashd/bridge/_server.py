@@ -14,7 +14,7 @@ from ashd import __version__
 from ashd.bridge import protocol as p
 from ashd.bridge._exec import run_exec
 from ashd.bridge._setup import SetupFailed, run_setup
-from ashd.bridge.engine import AnyEngine, EngineConfig, EngineError, make_engine
+from ashd.bridge.engine import AnyEngine, EngineConfig, EngineError, QueryOptions, make_engine
 
 log = logging.getLogger(__name__)
 # How long a tool call waits for the server's limits_report before going on without one.
@@ -77,6 +77,16 @@ class BridgeServer:
         conn = self.conn
         if conn is not None:
             await conn.send_quiet(p.make(p.LOG, level=level, message=message))
+
+
+    async def setup_line(self, stream: str, step: str, text: str) -> None:
+        """One line of the agent's setup, to the server only: it stores them as the session's setup
+        output. Not written to the bridge's own log (stderr), which the server keeps too."""
+        conn = self.conn
+        if conn is not None:
+            level = "warning" if stream == "stderr" else "info"
+            await conn.send_quiet(p.make(p.LOG, level=level, message=text, source="setup", stream=stream,
+                                         step=step))
 
 
 class Connection:
@@ -214,7 +224,9 @@ class Connection:
         try:
             cfg = EngineConfig.from_init(config, server.workspace, server.model_socket)
             if config.get("runSetup"):
-                await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.log_event)
+                lines = config.get("setupLogLines")
+                await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.setup_line,
+                                lines if isinstance(lines, int) else None)
             engine = make_engine(cfg, server.log_event)
             await engine.start()
         except SetupFailed as exc:
@@ -252,12 +264,16 @@ class Connection:
             async def check_limits() -> list[dict[str, Any]]:
                 return await self._check_limits(fid)
 
+            live_config = frame.get("config")
+            if isinstance(live_config, dict):  # the session's config changed (PATCH .../config)
+                engine.reconfigure(live_config)
             await engine.query(
                 prompt,
                 emit=emit,
                 model=frame.get("model") or None,
                 include_partial=bool(frame.get("includePartialMessages")),
                 check_limits=check_limits if self.protocol >= 2 else None,
+                options=QueryOptions.from_frame(frame),
             )
         except asyncio.CancelledError:
             if self.sock.fileno() < 0:

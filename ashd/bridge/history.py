@@ -23,6 +23,19 @@ def interrupted_note(reason: str | None = None) -> str:
             "do not carry it out now unless the user asks for it again.]")
 
 
+def attachments_note(attachments: list[dict[str, Any]], *, resumed: bool = False) -> str:
+    """The text a prompt's attachments add for the model: where each file is in the workspace, and
+    whether it is shown inline (images and PDFs within the model's limits are). On a cold resume the
+    inline content is not sent again (it would be re-read from the database for every resume): the
+    note says so, and the files are still in the workspace."""
+    parts = []
+    for a in attachments:
+        inline = bool(a.get("shownToModel")) and not resumed
+        parts.append(f"{a.get('path')} ({a.get('mimeType')}, {a.get('size')} bytes"
+                     f"{'' if inline else '; not shown inline, read the file to see it'})")
+    return "[Attached by the user, saved in the workspace: " + "; ".join(parts) + "]"
+
+
 def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
@@ -62,7 +75,8 @@ def _failed(result: dict[str, Any]) -> bool:
 def history_from_stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Convert stored message contents to a valid alternating list of API messages.
 
-    User rows `{"type":"user","content": str | blocks}` (prompts) and SDK `user` tool-result
+    User rows `{"type":"user","content": str | blocks[, "attachments": [...]]}` (prompts; their
+    attachments become a note, `attachments_note`) and SDK `user` tool-result
     messages become user turns; SDK `assistant` messages become assistant turns (parts of one API
     message, i.e. the same `message.id`, are merged); `result`, `stream_event` and subagent
     messages (with a `parent_tool_use_id`) are skipped. A `compact_boundary` system message (the
@@ -82,6 +96,9 @@ def history_from_stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             prompt = not isinstance(inner, dict)
             content = inner.get("content") if isinstance(inner, dict) else row.get("content")
             blocks = _blocks(content)
+            attached = row.get("attachments") if prompt else None
+            if isinstance(attached, list) and attached:
+                blocks.insert(0, {"type": "text", "text": attachments_note(attached, resumed=True)})
             if not blocks:
                 continue
             if prompt and open_turn:

@@ -11,7 +11,8 @@ from ashd import __version__
 from ashd.cli._agents import agents
 from ashd.cli._chat import chat
 from ashd.cli._keys import keys
-from ashd.cli._serve import serve
+from ashd.cli._queue import queue
+from ashd.cli._serve import runner, serve
 from ashd.cli._sessions import sessions
 from ashd.cli._status import status
 from ashd.config import options_markdown
@@ -30,7 +31,7 @@ def config() -> None:
     click.echo(options_markdown())
 
 
-for command in (serve, keys, agents, sessions, chat, status):
+for command in (serve, runner, keys, agents, sessions, chat, status, queue):
     cli.add_command(command)
 
 

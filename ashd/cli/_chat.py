@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from ashd.cli._http import Remote
-from ashd.cli._output import console, errors, waiting
+from ashd.cli._output import console, errors
+from ashd.cli._progress import setup_progress
 from ashd.cli._remote_opts import remote, remote_options
 
 _EXIT = frozenset({"/exit", "/quit"})
@@ -136,13 +137,13 @@ def chat(agent: str, session_id: str | None, messages: tuple[str, ...], url: str
     """Talk to AGENT in the terminal: starts a session (or continues --session) and streams the replies."""
     client = remote(url, key)
     if session_id is None:
-        with waiting(f"starting a session of {agent} (its sandbox and setup come first)"):
+        with setup_progress(client, agent, f"starting a session of {agent} (its sandbox and setup come first)"):
             session = client.call("POST", "/api/sessions", {"agent": agent})["session"]
         session_id = str(session["id"])
     else:
         session = client.call("GET", f"/api/sessions/{session_id}")["session"]
         if session["status"] != "active":
-            with waiting(f"resuming session {session_id} ({session['status']})"):
+            with setup_progress(client, agent, f"resuming session {session_id} ({session['status']})", session_id):
                 client.call("POST", f"/api/sessions/{session_id}/resume")
     errors.print(f"[dim]session {session_id} · agent {agent} · Ctrl-C interrupts a turn, "
                  "Ctrl-D or /exit leaves[/dim]", soft_wrap=True)

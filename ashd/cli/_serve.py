@@ -13,13 +13,14 @@ from ashd.config import Settings, load_settings
 from ashd.logs import setup_logging
 
 
-def _taken(settings: Settings) -> click.ClickException:
+def _taken(settings: Settings, var: str = "SERVICE_PORT") -> click.ClickException:
     return click.ClickException(
         f"port {settings.port} on {settings.host} is already in use (another ashd? "
-        f"`ss -ltnp 'sport = :{settings.port}'` shows which program); stop it or choose another port with SERVICE_PORT")
+        f"`ss -ltnp 'sport = :{settings.port}'` shows which program); stop it or choose another port with "
+        f"{var}")
 
 
-def check_port(settings: Settings) -> None:
+def check_port(settings: Settings, var: str = "SERVICE_PORT") -> None:
     """Bind the address once, the way the server will (SO_REUSEADDR, as aiohttp does on Linux)."""
     try:
         infos = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -32,7 +33,7 @@ def check_port(settings: Settings) -> None:
                 probe.bind(address)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise _taken(settings) from exc
+                    raise _taken(settings, var) from exc
                 raise click.ClickException(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from exc
 
 
@@ -50,3 +51,14 @@ def serve() -> None:
         if exc.errno == errno.EADDRINUSE:  # taken between the check and the start
             raise _taken(settings) from exc
         raise
+
+
+@click.command("runner")
+def runner() -> None:
+    """Run a runner: a sandbox pool behind the runner API, registered with SERVICE_SERVER_URL."""
+    from ashd.runner import run_runner
+
+    settings = load_settings()
+    check_port(settings.with_(port=settings.runner_port), "SERVICE_RUNNER_PORT")
+    setup_logging(settings.log_level)
+    asyncio.run(run_runner(settings))

@@ -1,14 +1,15 @@
-"""`ashd sessions list|show|pause|resume|stop|rm|files|logs`."""
+"""`ashd sessions list|show|pause|resume|stop|rm|files|events|logs`."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import click
 
-from ashd.cli._output import fields, print_json, table, waiting
+from ashd.cli._output import console, fields, print_json, table, waiting
 from ashd.cli._remote_opts import remote, remote_options
 
 _COLUMNS = [("id", "ID"), ("agentName", "AGENT"), ("status", "STATUS"), ("createdAt", "CREATED"),
@@ -85,25 +86,64 @@ def files(session_id: str, path: str | None, url: str, key: str | None, as_json:
     table(rows, [("path", "PATH"), ("size", "SIZE"), ("modifiedAt", "MODIFIED")], "the workspace is empty")
 
 
-@sessions.command("logs")
+@sessions.command("events")
 @click.argument("session_id")
 @remote_options
 @click.option("--json", "as_json", is_flag=True, help="print the stored events as JSON")
-def logs(session_id: str, url: str, key: str | None, as_json: bool) -> None:
+def events(session_id: str, url: str, key: str | None, as_json: bool) -> None:
     """Print the session's stored events (what happened, in order)."""
-    client, events, after = remote(url, key), [], 0
+    client, found, after = remote(url, key), [], 0
     while True:  # the server pages events; a long session has more than one page
         page: list[dict[str, Any]] = client.call(
             "GET", f"/api/sessions/{session_id}/events", params={"after": after, "limit": 1000})["events"]
-        events.extend(page)
+        found.extend(page)
         if len(page) < 1000:
             break
         after = int(page[-1]["sequence"])
     if as_json:
-        print_json(events)
+        print_json(found)
         return
-    for event in events:
+    for event in found:
         click.echo(f"{event.get('createdAt', '')}  {event.get('type', '?'):<14} {_summary(event.get('data'))}")
+
+
+@sessions.command("logs")
+@click.argument("session_id")
+@click.option("-f", "--follow", is_flag=True, help="keep printing new lines while the session has a sandbox")
+@remote_options
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object per line")
+def logs(session_id: str, follow: bool, url: str, key: str | None, as_json: bool) -> None:
+    """Print the session's logs: its agent's setup output and its sandbox's stderr."""
+    client, after = remote(url, key), -1
+    while True:
+        page = client.call("GET", f"/api/sessions/{session_id}/logs", params={"after": after, "limit": 1000})
+        lines: list[dict[str, Any]] = page["logs"]
+        for line in lines:
+            print_log_line(line, as_json)
+        if lines:
+            after = int(lines[-1]["index"])
+        if len(lines) == 1000:
+            continue  # more pages now
+        if not follow or page.get("source") != "live":
+            return
+        try:
+            time.sleep(1.0)  # the server stores sandbox lines about once a second
+        except KeyboardInterrupt:
+            return
+
+
+_LEVEL_STYLE = {"stdout": "", "stderr": "yellow", "system": "dim"}
+
+
+def print_log_line(line: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        return
+    level = str(line.get("level", ""))
+    text = f"{line.get('ts', '')}  {level:<6} {line.get('text', '')}"
+    style = _LEVEL_STYLE.get(level, "")
+    console.print(text, style=style or None, markup=False, highlight=False, soft_wrap=True)
 
 
 def _summary(data: Any) -> str:

@@ -11,7 +11,7 @@ from ashd.config import Settings
 from ashd.http._json import ok
 from ashd.http._keys import COMPONENTS
 from ashd.metrics import CONTENT_TYPE
-from ashd.storage import ApiKeys, Session
+from ashd.storage import ApiKeys, QueueItems, Runners, Session, is_alive, utcnow
 
 routes = web.RouteTableDef()
 
@@ -20,6 +20,10 @@ async def active_sessions(components: Components) -> int:
     async with components.db.read() as s:
         return int((await s.execute(select(func.count()).select_from(Session).where(Session.status == "active")))
                    .scalar_one())
+
+
+async def runner_counts(components: Components) -> dict[str, int]:
+    return await Runners(components.db).counts(components.settings.runner_liveness_seconds)
 
 
 async def configuration_warnings(settings: Settings, api_keys: ApiKeys) -> list[str]:
@@ -45,6 +49,9 @@ async def health(request: web.Request) -> web.Response:
         "mode": components.settings.mode,
         "warnings": await configuration_warnings(components.settings, components.api_keys),
     }
+    if components.settings.mode == "coordinator":
+        # Alive runners: registered, not swept dead, heartbeat within SERVICE_RUNNER_LIVENESS_SECONDS.
+        body["remoteRunners"] = (await runner_counts(components))["alive"]
     space = components.data_space
     body["dataDir"] = space.measure().to_json(space.min_free, space.warn_free)
     iso = components.isolation
@@ -69,5 +76,19 @@ async def metrics(request: web.Request) -> web.Response:
         uptime=components.uptime(), active_sessions=await active_sessions(components), pool=components.pool_stats(),
         data_space=components.data_space.measure(),
     )
+    if components.settings.mode == "coordinator":
+        await _refresh_runner_series(components)
+    queue = components.queue
+    components.metrics.refresh_queue(await QueueItems(components.db).stats(None),
+                                     await queue.running() if queue is not None else 0)
     # aiohttp refuses a charset inside content_type=, so the exact header is set directly (measured Q8).
     return web.Response(body=components.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _refresh_runner_series(components: Components) -> None:
+    """Runner series from the shared database: every coordinator reports the same runners."""
+    liveness = components.settings.runner_liveness_seconds
+    rows = await Runners(components.db).rows()
+    now = utcnow()
+    live = [(r.id, r.max_sandboxes, r.running_count, r.warming_count) for r in rows if is_alive(r, now, liveness)]
+    components.metrics.refresh_runners(await runner_counts(components), live)

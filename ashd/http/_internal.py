@@ -53,5 +53,5 @@ async def deregister(request: web.Request) -> web.Response:
 @routes.get("/api/internal/runners")
 async def list_runners(request: web.Request) -> web.Response:
     components = request.app[COMPONENTS]
-    runners = await Runners(components.db).list()
-    return ok({"runners": runners, "count": len(runners), "hasLocal": components.settings.mode == "standalone"})
+    runners = await Runners(components.db).list(components.settings.runner_liveness_seconds)
+    return ok({"runners": runners, "count": len(runners), "hasLocal": components.local is not None})

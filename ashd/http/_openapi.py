@@ -12,7 +12,13 @@ import functools
 from typing import Any
 
 from ashd import API_VERSION
-from ashd.http import _openapi_paths_ops, _openapi_paths_resources, _openapi_paths_sessions
+from ashd.http import (
+    _openapi_paths_ops,
+    _openapi_paths_queue,
+    _openapi_paths_resources,
+    _openapi_paths_sessions,
+    _openapi_paths_webhooks,
+)
 from ashd.http._openapi_common import error_responses
 from ashd.http._openapi_schemas import SCHEMAS
 
@@ -20,11 +26,17 @@ _TAGS = [
     ("agents", "Deploy and inspect agents (a folder with AGENT.md)"),
     ("sessions", "Conversations with agents, each in its own sandbox"),
     ("credentials", "Model and service keys, stored encrypted, injected into sessions"),
+    ("attachments", "Files given to a session; a message names them and the model sees images and PDFs"),
     ("usage", "Token usage per model call (metered by the server), tool calls and compute per turn"),
     ("api-keys", "API keys of the caller's tenant"),
+    ("webhooks", "Signed HTTP callbacks for turn, session and queue events (docs/webhooks.md)"),
+    ("queue", "Prompts queued to run later as turns, with retries"),
     ("operations", "Health, metrics and documentation (no authentication)"),
     ("internal", "Runner and operator endpoints (internal secret)"),
 ]
+
+# Every schema of the document: the shared ones and those a paths module declares beside its paths.
+_SCHEMAS = {**SCHEMAS, **_openapi_paths_webhooks.SCHEMAS}
 
 
 def _closed_request_bodies(paths: dict[str, Any]) -> None:
@@ -34,7 +46,7 @@ def _closed_request_bodies(paths: dict[str, Any]) -> None:
             schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
             if schema is None:
                 continue
-            target = SCHEMAS[schema["$ref"].rsplit("/", 1)[-1]] if "$ref" in schema else schema
+            target = _SCHEMAS[schema["$ref"].rsplit("/", 1)[-1]] if "$ref" in schema else schema
             if target.get("type") == "object":
                 target.setdefault("additionalProperties", False)
 
@@ -42,7 +54,8 @@ def _closed_request_bodies(paths: dict[str, Any]) -> None:
 @functools.cache
 def _document() -> dict[str, Any]:
     paths: dict[str, Any] = {}
-    for module in (_openapi_paths_resources, _openapi_paths_sessions, _openapi_paths_ops):
+    for module in (_openapi_paths_resources, _openapi_paths_sessions, _openapi_paths_queue, _openapi_paths_ops,
+                   _openapi_paths_webhooks):
         for path, item in module.PATHS.items():
             paths.setdefault(path, {}).update(item)
     _closed_request_bodies(paths)
@@ -59,7 +72,7 @@ def _document() -> dict[str, Any]:
         "security": [{"bearerApiKey": []}],
         "paths": paths,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": _SCHEMAS,
             "responses": error_responses(),
             "securitySchemes": {
                 "bearerApiKey": {

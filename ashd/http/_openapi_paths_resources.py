@@ -1,4 +1,4 @@
-"""OpenAPI paths: agents, credentials, usage, API keys."""
+"""OpenAPI paths: agents, credentials, attachments, usage, API keys."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ashd.http._openapi_schemas import INT, STR, TIME, obj, ref
 
 NAME = path_param("name", "agent name")
 CRED_ID = path_param("id", "credential id", fmt="uuid")
+ATTACHMENT_ID = path_param("id", "attachment id", fmt="uuid")
 FILE_PATH = path_param("path", "file path relative to the agent folder (may contain `/`)")
 FORMAT = query("format", {"type": "string", "enum": ["json", "raw"], "default": "json"},
                "`json`: `{path, content, size}` (UTF-8 text, up to 1 MB); `raw`: the bytes (up to 100 MB)")
@@ -70,6 +71,16 @@ PATHS: dict[str, dict[str, Any]] = {
                   {200: reply("The credential", CREDENTIAL)}, errors=(404,), params=[CRED_ID]),
         "delete": op("deleteCredential", "Delete a credential", "credentials", {204: reply("Deleted")},
                      errors=(404,), params=[CRED_ID]),
+    },
+    "/api/attachments/{id}": {
+        "get": op("downloadAttachment", "Download an attachment's bytes", "attachments", {200: {
+            "description": "The bytes, with the attachment's `mimeType` as Content-Type, `Content-Disposition: "
+                           "attachment; filename*=UTF-8''…`, `X-Content-Type-Options: nosniff` and "
+                           "`Content-Security-Policy: sandbox`",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }}, errors=(404,), params=[ATTACHMENT_ID]),
+        "delete": op("deleteAttachment", "Delete an attachment (files already written to a workspace stay)",
+                     "attachments", {204: reply("Deleted")}, errors=(404,), params=[ATTACHMENT_ID]),
     },
     "/api/usage": {
         "get": op("listUsage", "List usage events", "usage",

@@ -112,6 +112,16 @@ PATHS: dict[str, dict[str, Any]] = {
                                "The session must be `active`; a sandbox that died is brought back first. "
                                "A non-zero exit is still 200."),
     },
+    "/api/sessions/{id}/config": {
+        "patch": op("updateSessionConfig", "Change the session's model, tools, betas or subagents", "sessions",
+                    {200: reply("The session with its new config", SESSION)},
+                    errors=(400, 404, 409, 410), params=[SID], request=body(ref("SessionConfigRequest")),
+                    description="Checked as at creation, stored with the session and applied from its next "
+                                "turn (a running turn keeps its own): a live sandbox gets it with that turn, a "
+                                "resumed one (warm or cold) too. 400: a bad value, or `initialAgent` not among "
+                                "the subagents. 409: the session is still starting. 410: the session has "
+                                "ended."),
+    },
     "/api/sessions/{id}/interrupt": {
         "post": op("interruptSession", "Abort the running turn", "sessions",
                    {200: reply("Interrupted", obj({"ok": BOOL, "sessionId": UUID}, ("ok", "sessionId")))},
@@ -139,7 +149,35 @@ PATHS: dict[str, dict[str, Any]] = {
                               wrapped("events", ref("SessionEvent"), many=True))},
                   errors=(400, 404),
                   params=[SID, PAGE_200, AFTER,
-                          query("type", {"type": "string", "enum": EVENT_TYPES}, "only events of this type")]),
+                          query("type", {"type": "string", "enum": EVENT_TYPES}, "only events of this type")],
+                  description="`lifecycle` events carry `{action, ...}`: `created`, `paused`, `resumed`, "
+                              "`stopped`, `ended`, `forked`, `error`, and `setup`: one line the agent's setup "
+                              "printed, stored as it came, `{action: \"setup\", step, level, text, index}` "
+                              "(`level` stdout, stderr or system; `index` is the line's in "
+                              "`GET /api/sessions/{id}/logs`). `compaction` events (ashd's own type, not in "
+                              "the reference's list) are listed only with `type=compaction`."),
+    },
+    "/api/sessions/{id}/logs": {
+        "get": op("getSessionLogs", "The session's setup output and sandbox stderr", "sessions",
+                  {200: reply("Log lines ascending by index", {
+                      "type": "object", "required": ["logs", "source"], "properties": {
+                          "logs": {"type": "array", "items": ref("LogLine")},
+                          "source": {"type": "string", "enum": ["live", "stored"],
+                                     "description": "`live`: the session is `starting` or `active`, more lines "
+                                                    "may come; `stored`: any other status"}}})},
+                  errors=(400, 404), params=[
+                      SID, query("after", {**INT, "minimum": -1, "default": -1},
+                                 "index cursor: only lines with a greater index (-1: from the first)"),
+                      query("limit", {**INT, "minimum": 1, "maximum": 1000, "default": 1000}, "page size")],
+                  description="Every line the agent's setup (`npm install`, `setup.sh`) printed, stdout and "
+                              "stderr apart, and what the session's sandbox wrote to its stderr (the bridge, "
+                              "the engine, MCP servers), in the order they were stored. `level` is `stdout`, "
+                              "`stderr` or `system` (notes of ashd: a step started or ended, output cut). "
+                              "Bounded: a line is cut at 4000 characters, a setup stores at most "
+                              "SERVICE_SETUP_LOG_LINES lines, a session keeps its newest "
+                              "SERVICE_SESSION_LOG_LINES lines (older indexes are then gone). Stored: the "
+                              "lines outlive the sandbox and a server restart. Sandbox lines are stored about "
+                              "once a second."),
     },
     "/api/sessions/{id}/model-calls": {
         "get": op("listModelCalls", "List the session's model calls (audit)", "sessions",
@@ -184,6 +222,19 @@ PATHS: dict[str, dict[str, Any]] = {
                                "belong to the sandbox user; an existing file is replaced, never written through "
                                "a link; a link or file on the way is 400. 507: the sandbox's disk quota is "
                                "full (files written before stay)."),
+    },
+    "/api/sessions/{id}/attachments": {
+        "post": op("uploadAttachment", "Attach a file to the session (base64), for a message to name",
+                   "attachments", {201: reply("Stored; `Location` is its download URL",
+                                              wrapped("attachment", ref("Attachment")))},
+                   errors=(400, 404, 409, 413, 507), params=[SID], request=body(ref("UploadAttachmentRequest")),
+                   description="Kept in the database (any coordinator serves it) until deleted or the session is "
+                               "purged; it counts towards the tenant's storage (409 when that is full). 413: over "
+                               "SERVICE_ATTACHMENT_MAX_MB (10 MiB by default). A message names it in "
+                               "`attachments`: see SendMessageRequest."),
+        "get": op("listAttachments", "List the session's attachments", "attachments",
+                  {200: reply("Attachments, oldest first", wrapped("attachments", ref("Attachment"), many=True))},
+                  errors=(404,), params=[SID]),
     },
     "/api/sessions/{id}/files/{path}": {
         "get": op("getSessionFile", "Download one workspace file", "sessions", {200: {

@@ -39,6 +39,7 @@ DISK_MB: Schema = {"type": "integer", "minimum": 32,
                                   "SERVICE_SANDBOX_DISK_MAX_MB; default: the agent's, else SERVICE_SANDBOX_DISK_MB"}
 SESSION_STATUS = ["starting", "active", "paused", "stopped", "ended", "error"]
 CREDENTIAL_TYPES = ["anthropic", "openai", "bedrock", "custom"]
+QUEUE_STATUS = ["pending", "processing", "completed", "failed", "cancelled"]
 EVENT_TYPES = ["text", "tool_start", "tool_result", "reasoning", "error", "turn_complete", "compaction", "lifecycle"]
 
 SCHEMAS: dict[str, Schema] = {
@@ -95,6 +96,10 @@ SCHEMAS: dict[str, Schema] = {
         "model": NULL_STR, "runnerId": NULL_STR,
         "parentSessionId": {"type": ["string", "null"], "format": "uuid"},
         "createdAt": TIME, "lastActiveAt": TIME,
+        "workspaceRestored": {"type": "boolean", "description": (
+            "Only in the answer of a cold resume: whether the workspace came back from a snapshot. False: a "
+            "fresh copy of the agent folder (e.g. its runner is gone and no SERVICE_SNAPSHOT_URL holds its "
+            "workspace); the conversation is kept either way.")},
     }, ("id", "agentName", "sandboxId", "status", "createdAt", "lastActiveAt"), additionalProperties=True,
         description="Also carries the configuration it was created with (secrets masked)."),
     "CreateSessionRequest": obj({
@@ -111,14 +116,66 @@ SCHEMAS: dict[str, Schema] = {
         "model": STR, "includePartialMessages": BOOL,
         "maxBudgetUsd": {"type": "number", "exclusiveMinimum": 0,
                          "description": "the most this message's model calls may cost, in USD; the model proxy "
-                                        "refuses calls past it (the turn ends with an `error` frame)"},
-        # Options of the published client (ash-ai-sdk): accepted so that its requests pass the
-        # strict body check, and not used by ashd.
-        "maxTurns": {"type": "integer", "description": "sent by ash-ai-sdk; accepted, not used"},
-        "effort": {"type": "string", "description": "sent by ash-ai-sdk; accepted, not used"},
-        "thinking": {"type": "object", "description": "sent by ash-ai-sdk; accepted, not used"},
-        "outputFormat": {"type": "object", "description": "sent by ash-ai-sdk; accepted, not used"},
+                                        "refuses calls past it: the turn ends with a `result` of subtype "
+                                        "`error_max_budget_usd` and an `error` frame"},
+        "maxTurns": {"type": "integer", "minimum": 1, "maximum": 1000,
+                     "description": "the most model turns (calls of the agent loop) this message may take; the "
+                                    "turn then ends with a `result` of subtype `error_max_turns`"},
+        "effort": {"type": "string", "enum": ["low", "medium", "high", "max"],
+                   "description": "the Messages API's `output_config.effort` for this message's model calls"},
+        "thinking": obj({
+            "type": {"type": "string", "enum": ["enabled", "disabled", "adaptive"]},
+            "budgetTokens": {"type": "integer", "minimum": 1024, "maximum": 128000,
+                             "description": "with `enabled` only, and required with it: the thinking budget of "
+                                            "each model call (its `max_tokens` becomes this plus 8192; the sum "
+                                            "must stay within SERVICE_MODEL_MAX_TOKENS)"},
+        }, ("type",), additionalProperties=False,
+            description="Extended thinking for this message's model calls (the API's `thinking` block)"),
+        "outputFormat": obj({
+            "type": {"type": "string", "enum": ["json_schema"]},
+            "schema": {"type": "object", "description": "a JSON Schema the final answer must validate against"},
+        }, ("type", "schema"), additionalProperties=False,
+            description="Structured output: the final answer is JSON valid against `schema`, carried by the "
+                        "`result` message's `structured_output` (subtype `error_max_structured_output_retries` "
+                        "when the model does not give one)"),
+        "attachments": {"type": "array", "maxItems": 20, "uniqueItems": True, "items": UUID,
+                        "description": "ids of the session's attachments: each is written to "
+                                       "`attachments/<filename>` in the workspace; images (PNG, JPEG, GIF, WebP, "
+                                       "up to 5 MiB) and PDFs (up to 10 MiB inline per message) are shown to the "
+                                       "model as image/document blocks; the stored user message records them. "
+                                       "An id that is not an attachment of this session is 400; a workspace disk "
+                                       "without room for them is 507 (nothing is stored then)"},
     }, ("content",)),
+    "SessionConfigRequest": obj({
+        "model": {"type": ["string", "null"], "minLength": 1, "maxLength": 255,
+                  "description": "the session's model; null: the agent's default"},
+        "allowedTools": {"type": ["array", "null"], "items": STR, "description": "whitelist of tools offered"},
+        "disallowedTools": {"type": ["array", "null"], "items": STR, "description": "blacklist (wins)"},
+        "betas": {"type": ["array", "null"], "items": STR, "description": "`anthropic-beta` values"},
+        "subagents": {"type": ["object", "null"],
+                      "additionalProperties": {"type": "object", "properties": {
+                          "description": STR, "prompt": STR, "tools": arr(STR), "model": STR}},
+                      "description": "name → {description, prompt, tools?, model?}; replaces the session's"},
+        "initialAgent": {"type": ["string", "null"], "minLength": 1, "maxLength": 255,
+                         "description": "the subagent the main thread runs as; must name one of the subagents"},
+    }, (), minProperties=1, description="Each key present replaces the session's value; null clears it."),
+    "Attachment": obj({
+        "id": UUID, "tenantId": STR, "sessionId": UUID,
+        "messageId": {**STR, "description": "the message it is linked to: the upload's `messageId`, else the "
+                                            "first message that named it"},
+        "filename": STR, "mimeType": STR, "size": {**INT, "description": "bytes"}, "createdAt": TIME,
+    }, ("id", "sessionId", "filename", "mimeType", "size", "createdAt")),
+    "UploadAttachmentRequest": obj({
+        "filename": {**STR, "maxLength": 255, "description": "a file name without directories (no `/` or `\\`, "
+                                                            "no control characters, at most 255 bytes in UTF-8)"},
+        "content": {**STR, "description": "the file's bytes, base64 (at most SERVICE_ATTACHMENT_MAX_MB once "
+                                          "decoded; 413 above it)"},
+        "mimeType": {**STR, "default": "application/octet-stream",
+                     "description": "absent or `application/octet-stream`: detected from the content (images, "
+                                    "PDF), else from the file name's extension. A declared image or PDF type "
+                                    "must match the content (400)"},
+        "messageId": {**UUID, "description": "link it to this message of the session (optional)"},
+    }, ("filename", "content")),
     "Message": obj({
         "id": UUID, "sessionId": UUID, "tenantId": STR,
         "role": {"type": "string", "enum": ["user", "assistant"]},
@@ -130,6 +187,13 @@ SCHEMAS: dict[str, Schema] = {
         "data": {"type": ["string", "null"], "description": "JSON-encoded event payload"},
         "sequence": INT, "createdAt": TIME,
     }, ("id", "sessionId", "type", "sequence", "createdAt")),
+    "LogLine": obj({
+        "index": {**INT, "description": "from 0, increasing by one per line of the session"},
+        "level": {"type": "string", "enum": ["stdout", "stderr", "system"]},
+        "ts": TIME, "text": STR,
+        "source": {"type": "string", "enum": ["setup", "sandbox"],
+                   "description": "`setup`: the agent's setup output; `sandbox`: the sandbox's stderr"},
+    }, ("index", "level", "ts", "text")),
     "Credential": obj({
         "id": UUID, "tenantId": STR, "type": {"type": "string", "enum": CREDENTIAL_TYPES},
         "label": NULL_STR, "active": BOOL, "createdAt": TIME, "lastUsedAt": NULL_TIME,
@@ -196,7 +260,7 @@ SCHEMAS: dict[str, Schema] = {
     }, ("state", "freeBytes", "totalBytes", "minFreeBytes", "warnFreeBytes")),
     "StorageHoldings": obj({
         "tenantId": STR,
-        "totalBytes": {**INT, "description": "agents.bytes + history.bytes + snapshots.bytes"},
+        "totalBytes": {**INT, "description": "agents.bytes + history.bytes + snapshots.bytes + attachments.bytes"},
         "limitBytes": {"type": ["integer", "null"], "description": "SERVICE_TENANT_STORAGE_MB; null: no limit"},
         "agents": obj({"count": INT, "limit": {"type": ["integer", "null"]}, "bytes": INT,
                        "maxUploadBytes": INT}, ("count", "bytes")),
@@ -207,6 +271,8 @@ SCHEMAS: dict[str, Schema] = {
                          ("count", "bytes")),
         "credentials": obj({"count": INT, "limit": {"type": ["integer", "null"]}}, ("count",)),
         "apiKeys": obj({"count": INT, "limit": {"type": ["integer", "null"]}}, ("count",)),
+        "attachments": obj({"count": INT, "bytes": INT,
+                            "maxBytes": {**INT, "description": "SERVICE_ATTACHMENT_MAX_MB"}}, ("count", "bytes")),
     }, ("tenantId", "totalBytes", "limitBytes", "agents", "sessions", "history", "snapshots")),
     "ApiKey": obj({"id": UUID, "label": NULL_STR, "keyPrefix": STR, "createdAt": TIME,
                    "lastUsedAt": NULL_TIME}, ("id", "keyPrefix", "createdAt")),
@@ -221,4 +287,24 @@ SCHEMAS: dict[str, Schema] = {
                   additionalProperties=True),
     "RunnerList": obj({"runners": arr(ref("Runner")), "count": INT, "hasLocal": BOOL},
                       ("runners", "count", "hasLocal")),
+    "QueueItem": obj({
+        "id": UUID, "tenantId": STR, "agentName": STR, "prompt": STR,
+        "status": {"type": "string", "enum": QUEUE_STATUS},
+        "priority": {**INT, "description": "higher runs first; equal priorities run oldest first"},
+        "retryCount": {**INT, "description": "retries done so far"}, "maxRetries": INT,
+        "sessionId": {"type": ["string", "null"], "description": "the session the prompt runs (or ran) in"},
+        "error": {"type": ["string", "null"], "description": "why the last attempt failed"},
+        "result": {"type": ["string", "null"], "description": "the turn's `result` text, once completed"},
+        "createdAt": TIME, "startedAt": NULL_TIME, "completedAt": NULL_TIME,
+        "nextAttemptAt": {**NULL_TIME, "description": "when a pending retry is due (exponential backoff)"},
+    }, ("id", "agentName", "prompt", "status", "priority", "retryCount", "maxRetries", "createdAt")),
+    "CreateQueueItemRequest": obj({
+        "agentName": STR,
+        "prompt": {"type": "string", "maxLength": 500_000},
+        "sessionId": {**UUID, "description": "run in this session (resumed if paused); default: a new session, "
+                                             "paused after the turn"},
+        "priority": {**INT, "default": 0, "minimum": -1_000_000, "maximum": 1_000_000},
+        "maxRetries": {**INT, "default": 3, "minimum": 0, "maximum": 100},
+    }, ("agentName", "prompt")),
+    "QueueStats": obj({k: INT for k in QUEUE_STATUS}, tuple(QUEUE_STATUS)),
 }

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
 
-from ashd.backends import Message
-from ashd.errors import BadRequest
+from ashd.backends import Message, check_attachment_ids
+from ashd.errors import BadRequest, ServiceError
 from ashd.http._json import body_object, opt_str, tenant
 from ashd.http._keys import COMPONENTS, backend
+from ashd.http._message_options import query_options
 from ashd.http._sse import SseSink
 
+log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 MAX_CONTENT_CHARS = 500_000
 
@@ -53,15 +56,27 @@ async def send_message(request: web.Request) -> web.StreamResponse:
     if not isinstance(partial, bool):
         raise BadRequest("`includePartialMessages` must be a boolean")
     budget = _budget(body)
-    await request.app[COMPONENTS].tenant_storage.require_room(tenant(request), "a new message")
+    attachments = check_attachment_ids(body.get("attachments"))
+    components = request.app[COMPONENTS]
+    options = query_options(body, components.settings.model_max_tokens)
+    await components.tenant_storage.require_room(tenant(request), "a new message")
     turn = await sessions.message(tenant(request), request.match_info["id"],
-                                  Message(content, model, partial, budget))
+                                  Message(content, model, partial, budget, options=options,
+                                          attachments=attachments))
     # A client that goes away only ends its own stream: the turn runs on and is stored (replayable).
     try:
         sink = await SseSink.open(request)
-        async for frame in turn:
-            if not await sink.send(frame.event, frame.data, frame.id):
-                break
+        try:
+            async for frame in turn:
+                if not await sink.send(frame.event, frame.data, frame.id):
+                    break
+        except ServiceError as exc:
+            # Where the turn runs was lost mid-stream (a runner gone): a connection-level failure, not
+            # a frame. The connection is cut so the client reconnects (Last-Event-ID) at once.
+            log.warning("turn stream lost: %s", exc.message, extra={"sessionId": request.match_info["id"]})
+            if request.transport is not None:
+                request.transport.abort()
+            return sink.response
         await sink.close()
     finally:
         turn.detach()

@@ -20,7 +20,7 @@ from ashd.http._json import (
     tenant,
 )
 from ashd.http._keys import COMPONENTS, backend
-from ashd.storage import Sessions, new_id, session_json
+from ashd.storage import SessionLogs, Sessions, new_id, session_json
 
 routes = web.RouteTableDef()
 PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")
@@ -132,7 +132,7 @@ async def _with_session_id(sessions: Sessions, ten: str, session_id: str, exc: S
     except ServiceError:
         return exc  # nothing was stored: the error is all there is
     return SandboxError(f"{exc.message} (session {session_id} is left `{row.status}`: GET /api/sessions/"
-                        f"{session_id}/events has its output; resume or delete it)", headers=exc.headers)
+                        f"{session_id}/logs has its output; resume or delete it)", headers=exc.headers)
 
 
 @routes.get("/api/sessions")
@@ -199,3 +199,17 @@ async def list_events(request: web.Request) -> web.Response:
         raise BadRequest(f"query `type` must be one of {', '.join(EVENT_TYPES)}")
     events = await stored.events(ten, sid, after, limit, type_)
     return ok({"events": events})
+
+
+@routes.get("/api/sessions/{id}/logs")
+async def list_logs(request: web.Request) -> web.Response:
+    """The session's setup output and its sandbox's stderr, by index (`after` = -1: from the start)."""
+    components = request.app[COMPONENTS]
+    ten, sid = tenant(request), request.match_info["id"]
+    row = await Sessions(components.db).get(ten, sid)
+    limit = query_int(request, "limit", 1000, 1, 1000)
+    after = query_int(request, "after", -1, -1, 2**62)
+    logs = await SessionLogs(components.db).list(ten, sid, after, limit)
+    # `live`: the session is starting or active, so more lines may come (`ashd sessions logs --follow`
+    # follows until it is not).
+    return ok({"logs": logs, "source": "live" if row.status in ("starting", "active") else "stored"})

@@ -21,6 +21,7 @@ _EXEMPT = re.compile(r"^/api/(internal/.*|sessions/[^/]+/(pause|stop|interrupt))
 _WHAT = (
     (re.compile(r"^/api/sessions$"), "a new session"),
     (re.compile(r"^/api/sessions/[^/]+/messages$"), "a new message"),
+    (re.compile(r"^/api/sessions/[^/]+/attachments$"), "a new attachment"),
     (re.compile(r"^/api/sessions/[^/]+/resume$"), "resuming a session"),
     (re.compile(r"^/api/agents"), "deploying or changing an agent"),
 )

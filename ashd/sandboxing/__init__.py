@@ -3,7 +3,7 @@
 from ashd.sandboxing._agent_setup import prepare_workspace
 from ashd.sandboxing._bridge_client import BridgeConnection
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup, detect_version
-from ashd.sandboxing._egress_policy import EgressPolicy, parse_allow, parse_dns, parse_subnet
+from ashd.sandboxing._egress_policy import BLOCKED_V4, EgressPolicy, parse_allow, parse_dns, parse_subnet
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
 from ashd.sandboxing._launcher import LauncherConfig, SandboxLauncher
 from ashd.sandboxing._layout import SANDBOX_GID, SANDBOX_UID
@@ -27,9 +27,18 @@ from ashd.sandboxing._types import (
     SandboxSpec,
     ShutdownRung,
 )
+from ashd.sandboxing._webhook_targets import (
+    GuardedResolver,
+    TargetRefused,
+    WebhookTargets,
+    describe_failure,
+    parse_webhook_allow,
+    split_url,
+)
 from ashd.storage import ModelCallRecord
 
 __all__ = [
+    "BLOCKED_V4",
     "BRIDGE_SOCKET",
     "MODEL_SOCKET",
     "SANDBOX_GID",
@@ -42,6 +51,7 @@ __all__ = [
     "EgressPolicy",
     "ExitInfo",
     "ExitReason",
+    "GuardedResolver",
     "IsolationReport",
     "LauncherConfig",
     "LimitNotice",
@@ -56,15 +66,20 @@ __all__ = [
     "SandboxProcess",
     "SandboxSpec",
     "ShutdownRung",
+    "TargetRefused",
     "TurnSummary",
+    "WebhookTargets",
+    "describe_failure",
     "detect_version",
     "isolation_problems",
     "parse_allow",
     "parse_dns",
     "parse_subnet",
     "parse_tenant_budgets",
+    "parse_webhook_allow",
     "prepare_workspace",
     "probe_isolation",
     "reap_leftovers",
     "session_models",
+    "split_url",
 ]

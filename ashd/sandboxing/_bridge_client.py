@@ -93,6 +93,10 @@ class BridgeConnection:
             raise
         return conn
 
+    def set_log_handler(self, on_log: LogHandler | None) -> None:
+        """Where the bridge's `log` frames go from now on (a session's setup output, say)."""
+        self._on_log = on_log or _default_log
+
     @property
     def pid(self) -> int | None:
         value = self.ready.get("pid")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -42,6 +43,7 @@ from ashd.sandboxing._model_policy import (
     ModelBinding,
     ModelPolicy,
     Refusal,
+    SessionModels,
     TokenBucket,
 )
 from ashd.sandboxing._model_records import RecordWriter, Store
@@ -128,6 +130,12 @@ class ModelProxy:
     def bind(self, sandbox_id: str, binding: ModelBinding) -> None:
         """A session claimed this sandbox: its calls are now checked, metered and billed to it."""
         self._bound[sandbox_id] = _Bound(binding, self.policy)
+
+    def update_models(self, sandbox_id: str, models: SessionModels) -> None:
+        """The session's model or subagents changed (PATCH .../config): its next turns may call these."""
+        bound = self._bound.get(sandbox_id)
+        if bound is not None:
+            bound.binding = dataclasses.replace(bound.binding, models=models)
 
     def set_key_provider(self, sandbox_id: str, provider: KeyProvider | None) -> None:
         """Override the credential source of one sandbox (tests; the binding's key otherwise)."""

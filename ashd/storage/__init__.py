@@ -3,6 +3,14 @@
 from ashd.storage._agent_paths import DEFAULT_TENANT, SYSTEM_PROMPT_FILE, AgentFolderReader, open_dir, roots_warning
 from ashd.storage._agents import KEEP, AgentFile, Agents
 from ashd.storage._apikeys import ENV_SOURCE, ApiKeys, KeyIdentity
+from ashd.storage._attachments import (
+    AttachmentData,
+    AttachmentRecord,
+    Attachments,
+    check_filename,
+    model_block_kind,
+    resolve_mime,
+)
 from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher, load_or_create_key
 from ashd.storage._database import Database
@@ -14,6 +22,7 @@ from ashd.storage._failures import (
 )
 from ashd.storage._files import (
     DirectoryReader,
+    FileEntry,
     FileSource,
     check_raw_size,
     check_relative_path,
@@ -24,6 +33,7 @@ from ashd.storage._holdings import TenantStorage
 from ashd.storage._model_calls import ModelCallRecord, list_model_calls, session_spend, store_model_calls, tenant_spend
 from ashd.storage._models import (
     Agent,
+    AgentVersion,
     ApiKey,
     Attachment,
     Base,
@@ -35,12 +45,17 @@ from ashd.storage._models import (
     Session,
     SessionEvent,
     UsageEvent,
+    Webhook,
+    WebhookDelivery,
     iso,
     new_id,
     utcnow,
 )
-from ashd.storage._runners import Runners
+from ashd.storage._queue import QUEUE_STATUSES, Backoff, Claimed, QueueItems, queue_item_json
+from ashd.storage._runners import Runners, SweptRunner, is_alive, runner_json
 from ashd.storage._sequence import allocate
+from ashd.storage._session_logs import LEVELS as LOG_LEVELS
+from ashd.storage._session_logs import LogLine, SessionLogs
 from ashd.storage._sessions import EventRecord, Sessions, session_json
 from ashd.storage._snapshots import (
     DEFAULT_KEEP,
@@ -61,6 +76,13 @@ from ashd.storage._snapshots import (
 from ashd.storage._snapshots_reader import SnapshotReader
 from ashd.storage._snapshots_stores import LocalSnapshotStore, SnapshotStore, store_from_url
 from ashd.storage._usage import UsageFilter, list_usage, parse_time, record_usage, usage_stats
+from ashd.storage._webhooks import (
+    WEBHOOK_EVENTS,
+    ClaimedDelivery,
+    Webhooks,
+    delivery_json,
+    webhook_json,
+)
 from ashd.storage._workspace_writes import write_files
 
 __all__ = [
@@ -68,18 +90,28 @@ __all__ = [
     "DEFAULT_TENANT",
     "ENV_SOURCE",
     "KEEP",
+    "LOG_LEVELS",
     "MIB",
     "PARTIAL_PREFIX",
+    "QUEUE_STATUSES",
     "SYSTEM_PROMPT_FILE",
+    "WEBHOOK_EVENTS",
     "Agent",
     "AgentFile",
     "AgentFolderReader",
+    "AgentVersion",
     "Agents",
     "ApiKey",
     "ApiKeys",
     "Attachment",
+    "AttachmentData",
+    "AttachmentRecord",
+    "Attachments",
+    "Backoff",
     "Base",
     "Cipher",
+    "Claimed",
+    "ClaimedDelivery",
     "Credential",
     "Credentials",
     "DataDirSpace",
@@ -87,33 +119,44 @@ __all__ = [
     "DirectoryReader",
     "DiskSpace",
     "EventRecord",
+    "FileEntry",
     "FileSource",
     "KeyIdentity",
     "LocalSnapshotStore",
+    "LogLine",
     "Message",
     "Meta",
     "ModelCallRecord",
     "QueueItem",
+    "QueueItems",
     "Runner",
     "Runners",
     "Session",
     "SessionEvent",
+    "SessionLogs",
     "Sessions",
     "SnapshotBoard",
     "SnapshotInfo",
     "SnapshotReader",
     "SnapshotStore",
     "SnapshotTooLarge",
+    "SweptRunner",
     "TenantStorage",
     "UsageEvent",
     "UsageFilter",
+    "Webhook",
+    "WebhookDelivery",
+    "Webhooks",
     "allocate",
     "bundle_budget",
     "bundle_workspace",
+    "check_filename",
     "check_raw_size",
     "check_relative_path",
     "content_disposition",
+    "delivery_json",
     "info_for",
+    "is_alive",
     "is_no_space",
     "iso",
     "latest_local",
@@ -122,15 +165,19 @@ __all__ = [
     "load_or_create_key",
     "log_failure",
     "mime_type",
+    "model_block_kind",
     "new_id",
     "open_dir",
     "parse_time",
     "prune",
+    "queue_item_json",
     "record_usage",
     "remove_stale_partials",
+    "resolve_mime",
     "restore_bundle",
     "restore_workspace",
     "roots_warning",
+    "runner_json",
     "session_json",
     "session_spend",
     "snapshot_workspace",
@@ -140,5 +187,6 @@ __all__ = [
     "tenant_spend",
     "usage_stats",
     "utcnow",
+    "webhook_json",
     "write_files",
 ]

@@ -31,10 +31,11 @@ from sqlalchemy.exc import IntegrityError
 
 from ashd.engines import SETTINGS_FILE, engine_problem, settings_engine
 from ashd.errors import BadRequest, NotFound, PayloadTooLarge
+from ashd.storage._agent_archive import claim, current_owner, materialise, pack, pack_dir
 from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
-from ashd.storage._models import Agent, iso, new_id, utcnow
+from ashd.storage._models import Agent, AgentVersion, iso, new_id, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class Agents:
         self._data_dir = data_dir.resolve()
         self._root = self._data_dir / "agents"
         self.paths = AgentPathPolicy(self._data_dir, roots)
+        self._build_lock = asyncio.Lock()
 
     # --- reading ---
 
@@ -224,23 +226,65 @@ class Agents:
             )).scalars().all()
         return [self._to_record(r) for r in rows]
 
-    def _checked_path(self, row: Agent) -> Path:
+    async def _checked_path(self, row: Agent) -> Path:
         # A client's folder is checked again at every use: the policy (SERVICE_AGENT_ROOTS) may
-        # have changed since the deploy. Server-managed folders are the server's own.
+        # have changed since the deploy. Server-managed folders are the server's own, built here
+        # from the database when this process has no copy yet.
         if row.managed:
-            return Path(row.path)
+            return await self._managed_folder(row)
         return self.paths.recheck(row.path, row.tenant_id, row.name)
+
+    async def _managed_folder(self, row: Agent) -> Path:
+        """This process's copy of a managed agent's current version, materialised on first use from
+        its archive in the database (deployed by any process)."""
+        base = self._root / tenant_dir_name(row.tenant_id) / row.name
+        if await asyncio.to_thread(_cached, base, row.version, row.id):
+            return base / f"v{row.version}"
+        async with self._build_lock:  # one build per process at a time; the next caller finds it built
+            async with self._db.read() as s:
+                archive = (await s.execute(select(AgentVersion.archive).where(
+                    AgentVersion.agent_id == row.id, AgentVersion.version == row.version))).scalar_one_or_none()
+            if archive is None:
+                raise NotFound(f"The files of agent {row.name} (version {row.version}) are neither in the database "
+                               "nor on this server (deployed before agent folders were stored in the database, "
+                               "on a server that has not started since); redeploy the agent")
+            folder = await asyncio.to_thread(materialise, base, row.version, archive, row.id)
+        log.info("built an agent folder from the database", extra={"agent": row.name, "version": row.version})
+        return folder
 
     async def resolve(self, tenant: str, name: str) -> AgentView:
         row = await self._row(tenant, name)
-        return AgentView(id=row.id, name=row.name, version=row.version, path=str(self._checked_path(row)),
+        return AgentView(id=row.id, name=row.name, version=row.version, path=str(await self._checked_path(row)),
                          model=row.model, env=MappingProxyType(self._env(row)), network=row.network,
                          disk_mb=row.disk_mb)
 
     async def folder(self, tenant: str, name: str) -> Path:
         """The agent's directory (canonical), for file listing and reading: open it with
         `_agent_paths.open_dir`, never by following its name."""
-        return self._checked_path(await self._row(tenant, name))
+        return await self._checked_path(await self._row(tenant, name))
+
+    async def import_local_folders(self) -> int:
+        """Managed folders deployed before they were stored in the database (migration 10) are
+        packed from this data dir into it, so every other process can build them. Run at start."""
+        async with self._db.read() as s:
+            rows = (await s.execute(select(Agent).where(Agent.managed.is_(True)))).scalars().all()
+            stored = {(a, v) for a, v in (await s.execute(select(AgentVersion.agent_id, AgentVersion.version))).all()}
+        imported = 0
+        for row in rows:
+            folder = Path(row.path)
+            if (row.id, row.version) in stored or not await asyncio.to_thread(folder.is_dir):
+                continue  # stored already, or deployed on another server: that one imports it
+            archive, size = await asyncio.to_thread(pack_dir, folder)
+            try:
+                async with self._db.tx() as s:
+                    s.add(AgentVersion(agent_id=row.id, tenant_id=row.tenant_id, version=row.version,
+                                       archive=archive, size_bytes=size))
+            except IntegrityError:
+                continue  # another process imported it meanwhile
+            imported += 1
+        if imported:
+            log.info("stored managed agent folders of this data dir in the database", extra={"count": imported})
+        return imported
 
     # --- writing ---
 
@@ -274,9 +318,11 @@ class Agents:
             raise BadRequest(f"the agent has no {SYSTEM_PROMPT_FILE}: add `systemPrompt` or a `files` entry "
                              f"{SYSTEM_PROMPT_FILE}")
         base = self._root / tenant_dir_name(tenant) / name
+        archive = await asyncio.to_thread(pack, checked)
         staging = await asyncio.to_thread(self._materialise, base, checked)
         try:
-            return await self._upsert(tenant, name, None, (base, staging), model, env, network, disk_mb)
+            return await self._upsert(tenant, name, None, (base, staging), model, env, network, disk_mb,
+                                      (archive, sum(len(f.data) for f in checked)))
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
 
@@ -310,9 +356,12 @@ class Agents:
         Server-managed folders of the agent (every version) are removed too; a client's own
         `path` folder never is."""
         async with self._db.tx() as s:
+            agent_id = (await s.execute(select(Agent.id).where(Agent.tenant_id == tenant, Agent.name == name))
+                        ).scalar_one_or_none()
             result = await s.execute(delete(Agent).where(Agent.tenant_id == tenant, Agent.name == name))
-            if result.rowcount == 0:  # type: ignore[attr-defined]
+            if result.rowcount == 0 or agent_id is None:  # type: ignore[attr-defined]
                 raise NotFound(f"Agent {name} not found")
+            await s.execute(delete(AgentVersion).where(AgentVersion.agent_id == agent_id))
         await asyncio.to_thread(shutil.rmtree, self._root / tenant_dir_name(tenant) / name, True)
 
     # --- internals ---
@@ -332,9 +381,10 @@ class Agents:
         return staging
 
     @staticmethod
-    def _install(base: Path, staging: Path, version: int) -> tuple[Path, int]:
+    def _install(base: Path, staging: Path, version: int, agent_id: str) -> tuple[Path, int]:
         """Move the staged folder to `v<version>` and prune versions older than the previous one.
         Returns the folder and the bytes of the versions kept (what the tenant holds for it)."""
+        claim(base, agent_id)
         target = base / f"v{version}"
         if target.exists():  # left by a deploy whose transaction did not commit: the version is ours
             shutil.rmtree(target)
@@ -355,10 +405,11 @@ class Agents:
     async def _upsert(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
         model: str | None, env: Mapping[str, str] | None, network: bool | None, disk_mb: int | None = None,
+        archive: tuple[bytes, int] | None = None,
     ) -> AgentRecord:
         for _ in range(_DEPLOY_ATTEMPTS):
             try:
-                return await self._upsert_once(tenant, name, folder, staged, model, env, network, disk_mb)
+                return await self._upsert_once(tenant, name, folder, staged, model, env, network, disk_mb, archive)
             except IntegrityError:
                 log.debug("concurrent first deploy of agent %s; retrying as an update", name)
         raise BadRequest(f"agent {name} is being deployed concurrently too often; retry")
@@ -366,6 +417,7 @@ class Agents:
     async def _upsert_once(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
         model: str | None, env: Mapping[str, str] | None, network: bool | None, disk_mb: int | None = None,
+        archive: tuple[bytes, int] | None = None,
     ) -> AgentRecord:
         now = utcnow()
         async with self._db.tx() as s:
@@ -383,8 +435,15 @@ class Agents:
                 select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
                 .execution_options(populate_existing=True)
             )).scalar_one()
+            if archive is not None:
+                # The files themselves, for every other process (committed with the version).
+                s.add(AgentVersion(agent_id=row.id, tenant_id=tenant, version=row.version, archive=archive[0],
+                                   size_bytes=archive[1]))
+            await s.execute(delete(AgentVersion).where(AgentVersion.agent_id == row.id,
+                                                       AgentVersion.version < row.version - 1))
             if staged is not None:
-                target, row.stored_bytes = await asyncio.to_thread(self._install, staged[0], staged[1], row.version)
+                target, row.stored_bytes = await asyncio.to_thread(self._install, staged[0], staged[1], row.version,
+                                                                   row.id)
                 row.path = str(target)
             else:
                 assert folder is not None
@@ -404,6 +463,12 @@ class Agents:
                 row.disk_mb = disk_mb
             await s.flush()
             return self._to_record(row)
+
+
+def _cached(base: Path, version: int, agent_id: str) -> bool:
+    """This process holds the version: built from the database for this agent, or deployed here
+    before folders had owners (no `.agent-id`)."""
+    return (base / f"v{version}").is_dir() and current_owner(base) in (agent_id, None)
 
 
 def _tree_bytes(root: Path) -> int:

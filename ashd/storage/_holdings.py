@@ -2,12 +2,13 @@
 409 a tenant gets when a count or its storage total is reached.
 
 Held bytes are: uploaded agent folders (current and previous version), local workspace snapshots,
-and stored messages and events (with session configurations). Each comes from a counter its writer
-keeps (`agents.stored_bytes`, `sessions.stored_bytes`, the SnapshotBoard), so the sum is a few
-indexed aggregates, never a scan of a tenant's data. Live sandbox workspaces are not a tenant's
-holdings: they are bounded per sandbox by the workspace quota and go when the sandbox goes.
+stored messages and events (with session configurations), and attachments. Each comes from a
+counter its writer keeps (`agents.stored_bytes`, `sessions.stored_bytes`, the SnapshotBoard) or a
+column (`attachments.size`), so the sum is a few indexed aggregates, never a scan of a tenant's
+data. Live sandbox workspaces are not a tenant's holdings: they are bounded per sandbox by the
+workspace quota and go when the sandbox goes.
 
-Later kinds of stored data (attachments, file uploads, workspace bundles) plug in the same way: a
+Later kinds of stored data (file uploads, workspace bundles) plug in the same way: a
 counter of their bytes per tenant added to `Holdings`, and a `require_room(tenant, adding=n)` before
 each write.
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy import func, select
 
 from ashd.errors import QuotaExceeded
-from ashd.storage._models import Agent, ApiKey, Credential, Session
+from ashd.storage._models import Agent, ApiKey, Attachment, Credential, Session
 
 if TYPE_CHECKING:
     from ashd.storage._database import Database
@@ -59,6 +60,8 @@ class StorageLimits(Protocol):
     def snapshots_keep(self) -> int: ...
     @property
     def snapshot_max_mb(self) -> int: ...
+    @property
+    def attachment_max_mb(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,12 @@ class Holdings:
     snapshot_bytes: int = 0
     credentials: int = 0
     api_keys: int = 0
+    attachments: int = 0
+    attachment_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.agent_bytes + self.history_bytes + self.snapshot_bytes
+        return self.agent_bytes + self.history_bytes + self.snapshot_bytes + self.attachment_bytes
 
 
 def _limit(value: int) -> int | None:
@@ -117,12 +122,16 @@ class TenantStorage:
                 select(func.count()).select_from(Credential).where(Credential.tenant_id == tenant))).scalar_one()
             api_keys = (await s.execute(
                 select(func.count()).select_from(ApiKey).where(ApiKey.tenant_id == tenant))).scalar_one()
+            attachments, attachment_bytes = (await s.execute(
+                select(func.count(), func.coalesce(func.sum(Attachment.size), 0)).where(Attachment.tenant_id == tenant)
+            )).one()
         snapshots, snapshot_bytes = self._board.totals(ids) if self._board is not None else (0, 0)
         held = Holdings(
             agents=int(agents), agent_bytes=int(agent_bytes), sessions=int(history[0]),
             messages=int(history[1]), events=int(history[2]),
             history_bytes=int(history[3]), snapshots=snapshots, snapshot_bytes=snapshot_bytes,
             credentials=int(credentials), api_keys=int(api_keys),
+            attachments=int(attachments), attachment_bytes=int(attachment_bytes),
         )
         self._recent[tenant] = (time.monotonic(), held.total_bytes)
         return held
@@ -172,4 +181,6 @@ class TenantStorage:
                           "keepPerSession": s.snapshots_keep, "maxWorkspaceBytes": s.snapshot_max_mb * MIB},
             "credentials": {"count": held.credentials, "limit": self.count_limit("credentials")},
             "apiKeys": {"count": held.api_keys, "limit": self.count_limit("API keys")},
+            "attachments": {"count": held.attachments, "bytes": held.attachment_bytes,
+                            "maxBytes": s.attachment_max_mb * MIB},
         }

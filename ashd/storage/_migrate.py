@@ -94,6 +94,50 @@ def _v9_drop_sandboxes(conn: Connection) -> None:
     conn.execute(text("DROP TABLE IF EXISTS sandboxes"))
 
 
+def _v10_agent_versions(conn: Connection) -> None:
+    """Managed agents' folders in the database, so every process can build them (issue 11). Folders
+    deployed before this are imported from the data dir at start (`Agents.import_local_folders`)."""
+    from ashd.storage._models import AgentVersion
+
+    AgentVersion.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+
+
+def _v11_owners(conn: Connection) -> None:
+    """sessions.owner_id: whose start-up sweep may pause a session; runners.dead_at: liveness."""
+    _add_column(conn, "sessions", "owner_id", "VARCHAR(255)")
+    ts = "TIMESTAMP WITH TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+    _add_column(conn, "runners", "dead_at", ts)
+
+
+def _v12_session_logs(conn: Connection) -> None:
+    """A session's log lines (setup output, sandbox stderr) and their per-session counter."""
+    from ashd.storage._models import SessionLog
+
+    SessionLog.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+    _add_column(conn, "sessions", "next_log_seq", "BIGINT NOT NULL DEFAULT 0")
+
+
+def _v13_queue_claims(conn: Connection) -> None:
+    """Queue items: who runs a `processing` item and until when (its lease), and the turn's result."""
+    _add_column(conn, "queue_items", "owner", "VARCHAR(255)")
+    _add_column(conn, "queue_items", "lease_until", "TIMESTAMP WITH TIME ZONE"
+                if conn.dialect.name == "postgresql" else "DATETIME")
+    _add_column(conn, "queue_items", "result", "TEXT")
+
+
+def _v14_attachment_content(conn: Connection) -> None:
+    """Attachments keep their bytes in the database (any coordinator serves them), listed by session."""
+    binary = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
+    _add_column(conn, "attachments", "content", binary)
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_attachments_session ON attachments (session_id, created_at)"))
+
+
+def _v15_webhooks(conn: Connection) -> None:
+    """Webhooks of tenants and their delivery outbox."""
+    from ashd.storage._models import Webhook, WebhookDelivery
+
+    Webhook.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+    WebhookDelivery.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
     (2, "model calls", _v2_model_calls),
@@ -102,6 +146,12 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (5, "agents.disk_mb: per-agent sandbox disk size", _v5_agent_disk_mb),
     (8, "api key prefixes: at most 8 characters and half of a key", _v8_short_key_prefixes),
     (9, "drop the unused sandboxes table", _v9_drop_sandboxes),
+    (10, "agent_versions: managed agent folders in the database", _v10_agent_versions),
+    (11, "sessions.owner_id and runners.dead_at: owner-scoped start-up sweep, runner liveness", _v11_owners),
+    (12, "session logs: setup output and sandbox stderr", _v12_session_logs),
+    (13, "queue items: claim owner, lease and result", _v13_queue_claims),
+    (14, "attachments.content: attachment bytes in the database", _v14_attachment_content),
+    (15, "webhooks and their delivery outbox", _v15_webhooks),
 ]
 
 

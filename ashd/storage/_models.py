@@ -139,6 +139,11 @@ class Session(Base):
     event_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     next_model_call_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # migration 2
+    # The process that hosts (or last hosted) the session's sandbox: a runner's SERVICE_RUNNER_ID, or a
+    # server's id (SERVICE_SERVER_ID / `<data dir>/server-id`). A start-up sweep pauses only its own
+    # (migration 11). Null on rows from before, and until a sandbox is claimed for a routed session.
+    owner_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    next_log_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # migration 12
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_active_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -190,10 +195,20 @@ class QueueItem(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     completed_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # The claim (migration 13): the server running a `processing` item and until when its claim
+    # holds; a server that dies stops renewing it and the item goes back to `pending`.
+    owner: Mapped[str | None] = mapped_column(String(255), default=None)
+    lease_until: Mapped[dt.datetime | None] = mapped_column(default=None)
+    result: Mapped[str | None] = mapped_column(Text, default=None)  # the turn's `result` text
 
 
 class Attachment(Base):
+    """A file a client attached to a session (`storage/_attachments.py`). The bytes are in the row
+    (`content`, migration 14), so every coordinator serves them; `storage_path` predates that and is
+    left empty."""
+
     __tablename__ = "attachments"
+    __table_args__ = (Index("ix_attachments_session", "session_id", "created_at"),)
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(String(255), index=True)
     message_id: Mapped[str | None] = mapped_column(String(36))
@@ -201,7 +216,8 @@ class Attachment(Base):
     filename: Mapped[str] = mapped_column(String(1024))
     mime_type: Mapped[str] = mapped_column(String(255))
     size: Mapped[int] = mapped_column(BigInteger)
-    storage_path: Mapped[str] = mapped_column(Text)
+    storage_path: Mapped[str] = mapped_column(Text, default="")
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
@@ -262,6 +278,23 @@ class ModelCall(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class SessionLog(Base):
+    """One line of a session's logs (migration 12): its agent's setup output and its sandbox's stderr.
+    `idx` counts from 0 per session (`next_log_seq`); old lines past the per-session bound are deleted."""
+
+    __tablename__ = "session_logs"
+    __table_args__ = (UniqueConstraint("session_id", "idx", name="uq_session_logs_session_idx"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(36), ForeignKey("sessions.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    idx: Mapped[int] = mapped_column(BigInteger)
+    level: Mapped[str] = mapped_column(String(8))  # stdout, stderr or system
+    source: Mapped[str] = mapped_column(String(16))  # setup or sandbox
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class Runner(Base):
     __tablename__ = "runners"
     id: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -274,3 +307,55 @@ class Runner(Base):
     stats: Mapped[str] = mapped_column(Text, default="{}")
     registered_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # Set by the liveness sweep that found the runner silent (migration 11): a dead runner's heartbeat
+    # answers 404 until it registers again, which clears this.
+    dead_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+
+class AgentVersion(Base):
+    """One deployed version of a managed agent's folder, as a gzip tar (migration 10): any process
+    (another coordinator, a runner) builds the folder from here into its own data dir."""
+
+    __tablename__ = "agent_versions"
+    __table_args__ = (UniqueConstraint("agent_id", "version", name="uq_agent_versions_agent_version"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    agent_id: Mapped[str] = mapped_column(String(36), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    version: Mapped[int] = mapped_column(Integer)
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # the files, uncompressed
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Webhook(Base):
+    """A tenant's webhook (migration 15): where, which events, its secret (encrypted)."""
+    __tablename__ = "webhooks"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(String(255), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[str] = mapped_column(Text)  # JSON array of event names
+    description: Mapped[str | None] = mapped_column(Text, default=None)
+    secret: Mapped[bytes] = mapped_column(LargeBinary)  # encrypted
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """The webhook outbox (migration 15): one event for one hook, until delivered or failed."""
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+                      Index("ix_webhook_deliveries_hook", "webhook_id", "created_at"))
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    webhook_id: Mapped[str] = mapped_column(String(36))
+    tenant_id: Mapped[str] = mapped_column(String(255))
+    event: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)  # the exact JSON sent, fixed at enqueue (signed per attempt)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(default=None)

@@ -24,9 +24,10 @@ async def allocate(db: OrmSession, session_id: str, kind: Literal["message", "ev
     return int(last) - count + 1
 
 
-def allocate_sync(db: SyncSession, session_id: str, kind: Literal["message", "event"], count: int = 1) -> int:
+def allocate_sync(db: SyncSession, session_id: str, kind: Literal["message", "event", "log"], count: int = 1) -> int:
     """`allocate` for transactions run with `Database.run_tx`."""
-    column = Session.next_message_seq if kind == "message" else Session.next_event_seq
+    column = {"message": Session.next_message_seq, "event": Session.next_event_seq,
+              "log": Session.next_log_seq}[kind]
     last = db.execute(
         update(Session).where(Session.id == session_id).values({column: column + count}).returning(column)
     ).scalar_one_or_none()

@@ -5,16 +5,17 @@ from __future__ import annotations
 import builtins
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, delete, insert, select, update
+from sqlalchemy import Select, Table, and_, delete, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import NotFound
 from ashd.storage._database import Database
-from ashd.storage._models import Message, Session, SessionEvent, iso, new_id, utcnow
+from ashd.storage._models import Attachment, Message, Session, SessionEvent, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
 
 _SESSIONS = cast(Table, Session.__table__)
@@ -24,6 +25,7 @@ _SECRET_HINTS = ("key", "token", "secret", "password", "auth")
 INTERRUPTED_BY = {
     "restart": "interrupted: the server stopped before this turn finished",
     "runner_deregistered": "interrupted: the runner stopped before this turn finished",
+    "runner_lost": "interrupted: the runner stopped answering before this turn finished",
 }
 log = logging.getLogger(__name__)
 
@@ -97,11 +99,21 @@ class EventRecord:
 
 
 class Sessions:
-    def __init__(self, db: Database) -> None:
+    """`owner_id`: the process whose sandboxes this repository's writes claim (runtime's local
+    sessions); rows it inserts for itself, and every sandbox it claims, are stamped with it."""
+
+    def __init__(self, db: Database, owner_id: str | None = None) -> None:
         self.db = db
+        self.owner_id = owner_id
+
+    def _stamp(self, row: Session) -> None:
+        # A row routed to a runner (runner_id set by the coordinator) is the runner's to claim.
+        if self.owner_id and row.owner_id is None and row.runner_id in (None, self.owner_id):
+            row.owner_id = self.owner_id
 
     async def insert(self, row: Session) -> Session:
         row.stored_bytes = _size(row.config)
+        self._stamp(row)
 
         def run(s: SyncSession) -> Session:
             s.add(row)
@@ -140,6 +152,8 @@ class Sessions:
         """
         now = utcnow()
         data = json.dumps({"action": action, "status": status, **(extra or {})})
+        if self.owner_id and values.get("sandbox_id"):
+            values["owner_id"] = self.owner_id  # this process claimed a sandbox for it: its sweep's now
 
         def run(s: SyncSession) -> Session:
             # Core statements: the ORM's identity-map work costs a third of this transaction.
@@ -159,12 +173,32 @@ class Sessions:
 
         return await self.db.run_tx(run)
 
+    async def update_config(self, session_id: str, tenant: str, model: str | None, config: dict[str, Any]) -> Session:
+        """Store a session's changed config (PATCH .../config) and model; the row as it is now."""
+        text = json.dumps(config)
+
+        def run(s: SyncSession) -> Session:
+            old = s.execute(select(_SESSIONS.c.config).where(
+                _SESSIONS.c.id == session_id, _SESSIONS.c.tenant_id == tenant)).scalar_one_or_none()
+            mapping = s.execute(
+                update(_SESSIONS).where(_SESSIONS.c.id == session_id, _SESSIONS.c.tenant_id == tenant)
+                .values(model=model, config=text, updated_at=utcnow(),
+                        stored_bytes=_SESSIONS.c.stored_bytes + _size(text) - _size(old))
+                .returning(*_SESSIONS.c)
+            ).mappings().one_or_none()
+            if mapping is None:
+                raise NotFound(f"Session {session_id} not found")
+            return Session(**dict(mapping))
+
+        return await self.db.run_tx(run)
+
     async def insert_fork(self, child: Session, parent_id: str) -> Session:
         """Insert `child` (a fork of `parent_id`, same tenant) with a copy of the parent's conversation
         and the parent's `forked` lifecycle event, in one transaction. The child's messages keep their
         order, numbered from 1; its own `forked` event comes when its sandbox is up."""
         now = utcnow()
         tenant = child.tenant_id
+        self._stamp(child)
 
         def run(s: SyncSession) -> Session:
             rows = s.execute(select(Message.role, Message.content).where(
@@ -194,14 +228,26 @@ class Sessions:
     async def reserve_events(self, session_id: str, count: int) -> int:
         return await self.db.run_tx(lambda s: allocate_sync(s, session_id, "event", count))
 
-    async def add_user_message(self, session_id: str, tenant: str, content: Any) -> int:
+    async def add_user_message(self, session_id: str, tenant: str, content: Any,
+                               attachments: Sequence[dict[str, Any]] = ()) -> int:
+        """Store a prompt. `attachments` (what the message named, as `{id, filename, mimeType, size,
+        path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
+        are linked to this one."""
         now = utcnow()
-        body = json.dumps({"type": "user", "content": content})
+        record: dict[str, Any] = {"type": "user", "content": content}
+        if attachments:
+            record["attachments"] = list(attachments)
+        body = json.dumps(record)
+        message_id = new_id()
 
         def run(s: SyncSession) -> int:
             seq = allocate_sync(s, session_id, "message")
-            s.execute(insert(Message).values(id=new_id(), session_id=session_id, tenant_id=tenant, role="user",
+            s.execute(insert(Message).values(id=message_id, session_id=session_id, tenant_id=tenant, role="user",
                                              content=body, sequence=seq, created_at=now))
+            if attachments:
+                s.execute(update(Attachment).where(
+                    Attachment.id.in_([a["id"] for a in attachments]), Attachment.session_id == session_id,
+                    Attachment.message_id.is_(None)).values(message_id=message_id))
             s.execute(update(Session).where(Session.id == session_id).values(
                 last_active_at=now, turn_open=True, message_count=Session.message_count + 1,
                 stored_bytes=Session.stored_bytes + _size(body)))
@@ -262,8 +308,9 @@ class Sessions:
         # `after=7&limit=1` still finds the next event that a client can see.
         query = select(SessionEvent).where(SessionEvent.session_id == session_id, SessionEvent.tenant_id == tenant,
                                            SessionEvent.sequence > after, SessionEvent.type != "frame")
-        if type_:
-            query = query.where(SessionEvent.type == type_)
+        # `compaction` is ashd's own type: the reference's clients check each event's type against
+        # their list (ash-ai-sdk's SessionEvent raises on it), so it is listed only when asked for.
+        query = query.where(SessionEvent.type == type_ if type_ else SessionEvent.type != "compaction")
         async with self.db.read() as s:
             rows = (await s.execute(query.order_by(SessionEvent.sequence).limit(limit))).scalars().all()
         return [{"id": r.id, "sessionId": r.session_id, "tenantId": r.tenant_id, "type": r.type, "data": r.data,
@@ -280,8 +327,8 @@ class Sessions:
         return [FrameRow(r[0], r[1] or "", r[2] or "") for r in rows]
 
     async def purge(self, tenant: str, session_id: str) -> None:
-        """Delete an ended session with its messages and events (usage events stay: they are the
-        operator's accounting, not the tenant's data)."""
+        """Delete an ended session with its messages, events and attachments (usage events stay: they
+        are the operator's accounting, not the tenant's data)."""
 
         def run(s: SyncSession) -> None:
             found = s.execute(select(Session.status).where(Session.id == session_id,
@@ -290,6 +337,7 @@ class Sessions:
                 raise NotFound(f"Session {session_id} not found")
             s.execute(delete(SessionEvent).where(SessionEvent.session_id == session_id))
             s.execute(delete(Message).where(Message.session_id == session_id))
+            s.execute(delete(Attachment).where(Attachment.session_id == session_id))
             s.execute(delete(Session).where(Session.id == session_id))
 
         await self.db.run_tx(run)
@@ -303,45 +351,74 @@ class Sessions:
                 Session.sandbox_id.in_(list(sandbox_ids)), Session.status != "ended"))).all()
         return {r[0]: r[1] for r in rows}
 
-    async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart") -> builtins.list[str]:
-        """At start: sessions left `active`/`starting` by a dead process become `paused`, in bulk.
+    async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart", *,
+                            owner_id: str | None = None, unowned: bool = False,
+                            on_paused: Callable[[str, str, str, str], Awaitable[None]] | None = None
+                            ) -> builtins.list[str]:
+        """Sessions left `active`/`starting` by a dead process become `paused`, in bulk.
 
-        A turn that process left running (`turn_open`) is stored as interrupted first: an `error`
-        frame with the reason, then its `done`, so a replay of the stream ends as every stream does.
+        `runner_id`: the sessions routed to that runner (deregistration, liveness). `owner_id`: the
+        start-up sweep of that process: the sessions whose sandboxes it owned, or that are routed to
+        it; `unowned` adds rows with no owner at all (legacy rows, SQLite standalone only). Neither:
+        every such session (only tests and a single-process database want that).
+        `on_paused(tenant, session id, agent name, status before)` is awaited for each, once stored.
         """
         async with self.db.tx() as s:
-            query = select(Session.id, Session.tenant_id, Session.turn_open).where(
+            query = select(Session.id, Session.tenant_id, Session.turn_open, Session.agent_name, Session.status).where(
                 Session.status.in_(("active", "starting")))
             if runner_id is not None:
                 query = query.where(Session.runner_id == runner_id)
+            if owner_id is not None:
+                mine = or_(Session.owner_id == owner_id, Session.runner_id == owner_id)
+                if unowned:
+                    mine = or_(mine, and_(Session.owner_id.is_(None), Session.runner_id.is_(None)))
+                query = query.where(mine)
             rows = (await s.execute(query)).all()
-            if not rows:
-                return []
-            ids = [r[0] for r in rows]
-            now = utcnow()
-            await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now,
-                                                                              turn_open=False))
-            cut = INTERRUPTED_BY.get(reason, f"interrupted: the turn was cut short ({reason})")
-            paused = json.dumps({"action": "paused", "status": "paused", "reason": reason})
-            for sid, tenant, turn_open in rows:
-                added: list[str | None] = [paused]
-                if turn_open:
-                    first = await allocate(s, sid, "event", 2)
-                    error = json.dumps({"error": cut})
-                    done = json.dumps({"sessionId": sid})
-                    s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="error",
-                                       data=error, sequence=first, frame_event="error", frame_data=error,
-                                       created_at=now))
-                    s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="frame", data=None,
-                                       sequence=first + 1, frame_event="done", frame_data=done, created_at=now))
-                    added += [error, error, done]
-                seq = await allocate(s, sid, "event")
-                s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="lifecycle",
-                                   data=paused, sequence=seq, created_at=now))
-                await s.execute(update(Session).where(Session.id == sid).values(
-                    event_count=Session.event_count + (3 if turn_open else 1),
-                    stored_bytes=Session.stored_bytes + sum(_size(x) for x in added)))
-        if any(r[2] for r in rows):
-            log.warning("recorded turns cut short by the previous process as interrupted",
-                        extra={"count": sum(1 for r in rows if r[2]), "reason": reason})
+            ids = await pause_rows(s, rows, reason)
+        if on_paused is not None:
+            for sid, tenant, _turn_open, agent, status in rows:
+                if sid in ids:
+                    await on_paused(tenant, sid, agent, status)
         return ids
+
+
+async def pause_selected(s: AsyncSession, query: Select[str, str, bool], reason: str) -> builtins.list[str]:
+    """Pause the sessions `query` selects (id, tenant id, turn_open) inside transaction `s`: one bulk
+    status update, then a `paused` lifecycle event each. A turn left running (`turn_open`) is stored
+    as interrupted first: an `error` frame with the reason, then its `done`, so a replay of the
+    stream ends as every stream does. Returns the paused ids."""
+    return await pause_rows(s, (await s.execute(query)).all(), reason)
+
+
+async def pause_rows(s: AsyncSession, rows: Sequence[Any], reason: str) -> builtins.list[str]:
+    """`pause_selected` for rows already read (id, tenant id, turn_open, ...)."""
+    if not rows:
+        return []
+    ids = [r[0] for r in rows]
+    now = utcnow()
+    await s.execute(update(Session).where(Session.id.in_(ids)).values(status="paused", updated_at=now,
+                                                                      turn_open=False))
+    cut = INTERRUPTED_BY.get(reason, f"interrupted: the turn was cut short ({reason})")
+    paused = json.dumps({"action": "paused", "status": "paused", "reason": reason})
+    for sid, tenant, turn_open, *_ in rows:
+        added: list[str | None] = [paused]
+        if turn_open:
+            first = await allocate(s, sid, "event", 2)
+            error = json.dumps({"error": cut})
+            done = json.dumps({"sessionId": sid})
+            s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="error",
+                               data=error, sequence=first, frame_event="error", frame_data=error,
+                               created_at=now))
+            s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="frame", data=None,
+                               sequence=first + 1, frame_event="done", frame_data=done, created_at=now))
+            added += [error, error, done]
+        seq = await allocate(s, sid, "event")
+        s.add(SessionEvent(id=new_id(), session_id=sid, tenant_id=tenant, type="lifecycle",
+                           data=paused, sequence=seq, created_at=now))
+        await s.execute(update(Session).where(Session.id == sid).values(
+            event_count=Session.event_count + (3 if turn_open else 1),
+            stored_bytes=Session.stored_bytes + sum(_size(x) for x in added)))
+    if any(r[2] for r in rows):
+        log.warning("recorded turns cut short as interrupted", extra={"count": sum(1 for r in rows if r[2]),
+                                                                      "reason": reason})
+    return ids

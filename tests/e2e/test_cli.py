@@ -122,8 +122,8 @@ def test_remote_commands_and_local_keys(server: Server, short_tmp: Path) -> None
     raw = subprocess.run([*ASHD, "sessions", "files", sid, "notes.txt"], env=server.env(), capture_output=True,
                          timeout=60, check=True).stdout
     assert raw == b"\x00binary\xff"  # uploaded as base64, printed byte for byte
-    logs = ashd(server, "sessions", "logs", sid).stdout
-    assert "tool_start" in logs and "toolName=Write" in logs and "turn_complete" in logs
+    events = ashd(server, "sessions", "events", sid).stdout
+    assert "tool_start" in events and "toolName=Write" in events and "turn_complete" in events
     assert ashd(server, "sessions", "pause", sid).stdout.split() == [sid, "paused"]
     assert ashd(server, "sessions", "resume", sid).stdout.split() == [sid, "active"]
     assert ashd(server, "sessions", "stop", sid).stdout.split() == [sid, "stopped"]
@@ -216,3 +216,65 @@ def test_without_an_api_key_the_turn_says_so(short_tmp: Path, fake_model_process
         assert "rejected the API key" not in out
     finally:
         stop(proc)
+
+
+SLOW_SETUP = "echo setup-says-hello\necho setup-complains >&2\necho setup-progress-marker\nsleep 4\necho setup-done\n"
+
+
+@pytest.mark.sandbox
+def test_session_logs_and_following_them(server: Server, short_tmp: Path) -> None:
+    folder = short_tmp / "builder"
+    folder.mkdir()
+    (folder / "AGENT.md").write_text("You build things.")
+    (folder / "setup.sh").write_text("echo setup-says-hello\necho setup-complains >&2\n")
+    ashd(server, "agents", "deploy", str(folder))
+    ashd(server, "chat", "builder", "-m", "hello")
+    (session,) = json.loads(ashd(server, "sessions", "list", "--json").stdout)
+    sid = session["id"]
+    out = ashd(server, "sessions", "logs", sid).stdout
+    assert "stdout setup-says-hello" in out and "stderr setup-complains" in out and "system running sh setup.sh" in out
+    lines = [json.loads(line) for line in ashd(server, "sessions", "logs", sid, "--json").stdout.splitlines()]
+    assert lines[0]["index"] == 0 and {"index", "level", "ts", "text"} <= set(lines[0])
+    assert [x["index"] for x in lines] == list(range(len(lines)))
+
+    # --follow keeps going while the session has a sandbox, and ends by itself once it has none.
+    follow = subprocess.Popen([*ASHD, "sessions", "logs", sid, "--follow"], env=server.env(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(2)
+        assert follow.poll() is None, follow.communicate()
+        assert ashd(server, "sessions", "stop", sid).stdout.split() == [sid, "stopped"]
+        out, err = follow.communicate(timeout=30)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    assert follow.returncode == 0, err
+    assert "setup-says-hello" in out
+    ashd(server, "chat", "builder", "--session", sid, "-m", "again")  # resumes the stopped session
+    assert json.loads(ashd(server, "sessions", "show", sid, "--json").stdout)["status"] == "active"
+    missing = ashd(server, "sessions", "logs", "00000000-0000-0000-0000-000000000000", ok=False)
+    assert missing.returncode == 1 and "404" in missing.stderr
+
+
+@pytest.mark.sandbox
+def test_chat_shows_the_setup_while_it_runs(server: Server, short_tmp: Path) -> None:
+    folder = short_tmp / "slow"
+    folder.mkdir()
+    (folder / "AGENT.md").write_text("You take your time.")
+    (folder / "setup.sh").write_text(SLOW_SETUP)
+    ashd(server, "agents", "deploy", str(folder))
+    tmux = Tmux(short_tmp / "tmux.sock")
+    env_args = [arg for k, v in server.env().items() if k in {"ASHD_URL", "ASHD_KEY", "PATH", "HOME"}
+                for arg in ("-e", f"{k}={v}")]
+    command = " ".join([*ASHD, "chat", "slow"]) + "; echo chat-exited-$?; sleep 600"
+    tmux("new-session", "-d", "-x", "140", "-y", "20", *env_args, command)
+    try:
+        # Beside the spinner, while POST /api/sessions still waits for the setup: its newest line.
+        screen = tmux.wait_for("setup-progress-marker")
+        assert "starting a session of slow" in screen and "you> " not in screen
+        tmux.wait_for("you> ")
+        tmux("send-keys", "C-d")
+        tmux.wait_for("chat-exited-0")
+    finally:
+        subprocess.run([*tmux.base, "kill-server"], capture_output=True, timeout=30)

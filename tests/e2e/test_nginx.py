@@ -18,6 +18,7 @@ from tests.e2e.test_serve_process import fake_model_process, free_port, http, wa
 from tests.fixtures.tools import tool
 
 CONF = Path(__file__).resolve().parents[2] / "configs" / "nginx-ashd.conf"
+CLUSTER_CONF = CONF.parent / "cluster" / "nginx.conf"  # two coordinators (tests/e2e/test_cluster.py)
 
 MAIN = """daemon off;
 worker_processes 1;
@@ -47,8 +48,9 @@ def nginx(root: Path, *args: str) -> list[str]:
     return [tool("nginx"), "-p", str(root), "-e", str(root / "error.log"), "-c", str(root / "nginx.conf"), *args]
 
 
-def test_the_shipped_config_passes_nginx_t(tmp_path: Path) -> None:
-    root = nginx_dir(tmp_path / "nginx", CONF.read_text())
+@pytest.mark.parametrize("conf", [CONF, CLUSTER_CONF], ids=["standalone", "cluster"])
+def test_the_shipped_config_passes_nginx_t(tmp_path: Path, conf: Path) -> None:
+    root = nginx_dir(tmp_path / "nginx", conf.read_text())
     result = subprocess.run(nginx(root, "-t"), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "test is successful" in result.stderr

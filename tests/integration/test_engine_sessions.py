@@ -60,6 +60,10 @@ async def test_compaction_is_stored_and_a_cold_resume_gets_the_compacted_view(wa
     data = json.loads(event["data"])
     assert data["trigger"] == "auto" and data["keptMessages"] == 2 and data["summarisedMessages"] == 3
     assert data["summary"].startswith(SUMMARY_HEADER.format(count=3))
+    # ashd's own event type is left out of the unfiltered list (the reference's clients reject it)
+    status, body = await wapi.call("GET", f"/api/sessions/{sid}/events?limit=1000")
+    types = {e["type"] for e in body["events"]}
+    assert status == 200 and "compaction" not in types and {"tool_start", "turn_complete"} <= types
     # The stored messages stay complete: every model turn and tool result, and the compaction record.
     _, body = await wapi.call("GET", f"/api/sessions/{sid}/messages")
     contents = [json.loads(m["content"]) for m in body["messages"]]

@@ -15,6 +15,7 @@ import pytest
 from ashd.bridge.history import history_from_stored
 from ashd.devtools.fake_model import FakeModel
 from ashd.engines import bundled_cli
+from ashd.model_names import LONG_CONTEXT_BETA
 from tests.fixtures.bridge_fixture import BridgeHarness, bridge, collect, messages_of  # noqa: F401
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 
@@ -188,3 +189,46 @@ async def test_initial_agent_prompt_and_subagents(engine: str, bridge: BridgeHar
     await collect(conn, "BOTH-AGENT hello")
     body = fake_model.requests_containing("BOTH-AGENT hello")[0]["body"]
     assert "BOTH-WRITER-PROMPT: you write." in json.dumps(body["system"])
+
+
+async def test_message_options_reach_the_model(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    fake_model.script("BOTH-OPTS", [{"content": [text("considered")]}])
+    conn = await bridge.init({"engine": engine, "model": "claude-opus-4-5"})
+    frames = await collect(conn, "BOTH-OPTS go", effort="high", thinking={"type": "enabled", "budget_tokens": 3000})
+    assert result_of(frames)["subtype"] == "success"
+    body = fake_model.requests_containing("BOTH-OPTS")[-1]["body"]
+    assert body["thinking"]["type"] == "enabled" and body["thinking"]["budget_tokens"] == 3000
+    assert body["max_tokens"] > 3000
+    assert body["output_config"]["effort"] == "high"
+
+
+async def test_max_turns_of_a_message(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    fake_model.script("BOTH-MAXT", [{"content": [tool("Bash", command="true")]}] * 6)
+    conn = await bridge.init({"engine": engine})
+    res = result_of(await collect(conn, "BOTH-MAXT go", maxTurns=2))
+    assert (res["subtype"], res["is_error"]) == ("error_max_turns", True)
+    # the next message has the session's own limit again
+    fake_model.script("BOTH-AFTER", [{"content": [tool("Bash", command="true")]}] * 3 + [{"content": [text("ok")]}])
+    res = result_of(await collect(conn, "BOTH-AFTER go"))
+    assert res["subtype"] == "success"
+
+
+async def test_output_format_structured_result(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fake_model.script("BOTH-JSON", [{"content": [tool("StructuredOutput", city="Oslo")]}, {"content": [text("done")]}])
+    conn = await bridge.init({"engine": engine})
+    res = result_of(await collect(conn, "BOTH-JSON capital?", outputFormat={"type": "json_schema", "schema": schema}))
+    assert res["subtype"] == "success" and res["structured_output"] == {"city": "Oslo"}
+    assert "StructuredOutput" in offered_tools(fake_model, "BOTH-JSON")
+
+
+async def test_live_config_switches_the_model(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    conn = await bridge.init({"engine": engine, "model": "claude-sonnet-4-5"})
+    await collect(conn, "BOTH-CFG-A hi")
+    await collect(conn, "BOTH-CFG-B hi", config={"model": "claude-opus-4-5", "betas": [LONG_CONTEXT_BETA]})
+    before = [r for r in fake_model.requests_containing("BOTH-CFG-A") if "BOTH-CFG-B" not in str(r["body"])]
+    after = fake_model.requests_containing("BOTH-CFG-B")
+    assert {r["body"]["model"] for r in before} == {"claude-sonnet-4-5"}
+    assert {r["body"]["model"] for r in after} == {"claude-opus-4-5"}
+    # (the CLI takes only the betas it knows: this one it does)
+    assert all(LONG_CONTEXT_BETA in r["headers"]["anthropic-beta"] for r in after)

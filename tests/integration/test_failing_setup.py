@@ -1,8 +1,9 @@
 """An agent whose setup.sh fails: POST /api/sessions answers 500 with the step, its exit status, the
-tail of its output and the id of the session it left in `error`, whose stored events keep the output."""
+tail of its output and the id of the session it left in `error`, whose stored events and logs keep the output."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -34,3 +35,12 @@ async def test_a_failing_setup_names_the_session_and_shows_the_output(sapi: Api)
     status, body = await sapi.call("GET", f"/api/sessions/{sid}/events")
     assert status == 200
     assert any("building step one" in (e["data"] or "") for e in body["events"]), body
+    # Each line is its own `setup` lifecycle event, with the stream it was printed on.
+    setup = [json.loads(e["data"]) for e in body["events"] if e["type"] == "lifecycle"]
+    lines = [(d["level"], d["text"]) for d in setup if d["action"] == "setup"]
+    assert ("stdout", "building step two") in lines and ("stderr", "oh no") in lines
+    assert lines[-1] == ("system", lines[-1][1]) and "setup.sh failed (exit 3)" in lines[-1][1]
+    assert setup[-1]["action"] == "error"
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}/logs")
+    assert status == 200 and body["source"] == "stored"
+    assert [(x["level"], x["text"]) for x in body["logs"] if x["source"] == "setup"] == lines

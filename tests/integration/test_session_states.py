@@ -145,10 +145,15 @@ async def test_state_table(sapi: Api, capsys: pytest.CaptureFixture[str]) -> Non
     assert _metric(text, "warm") >= 1 and _metric(text, "cold") >= 3
 
 
-async def test_creation_failure_goes_to_error_and_resume_recovers(sapi: Api) -> None:  # noqa: F811
-    agent = await deploy(sapi)
-    saved = Path(agent["path"]).with_name("saved-agent")
-    shutil.move(agent["path"], saved)  # the agent folder vanished from disk: the copy into the sandbox fails
+async def test_creation_failure_goes_to_error_and_resume_recovers(sapi: Api, short_tmp: Path) -> None:  # noqa: F811
+    # A client's folder (`path`): a managed one would be built again from the database.
+    folder = short_tmp / "helper-agent"
+    folder.mkdir()
+    (folder / "AGENT.md").write_text("You are helpful.\n")
+    status, body = await sapi.call("POST", "/api/agents", json={"name": "helper", "path": str(folder)})
+    assert status == 201, body
+    saved = folder.with_name("saved-agent")
+    shutil.move(folder, saved)  # the agent folder vanished from disk: the copy into the sandbox fails
     status, body = await sapi.call("POST", "/api/sessions", json={"agent": "helper"})
     assert status == 500 and body["statusCode"] == 500
     status, body = await sapi.call("GET", "/api/sessions")
@@ -156,7 +161,7 @@ async def test_creation_failure_goes_to_error_and_resume_recovers(sapi: Api) -> 
     assert row["status"] == "error"
     events = await _lifecycle(sapi, row["id"])
     assert events[-1]["action"] == "error" and events[-1].get("reason")
-    shutil.move(saved, agent["path"])
+    shutil.move(saved, folder)
     status, body = await sapi.call("POST", f"/api/sessions/{row['id']}/resume")
     assert status == 200 and body["session"]["status"] == "active"
 

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from ashd.config import Settings
 from ashd.devtools.fake_model import FakeModel
 from ashd.storage import Message, Session, SessionEvent
+from ashd.storage._agent_archive import AGENT_ID_FILE
 from tests.conftest import Api, start_api
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.integration.test_sessions import create, deploy, send
@@ -235,7 +236,9 @@ async def test_storage_reports_what_the_tenant_holds(aiohttp_client: Any, settin
         data = Path(settings.data_dir)
         agent_dir = data / "agents" / "default" / "helper"
         assert held["agents"]["count"] == 1
-        assert held["agents"]["bytes"] == sum(p.stat().st_size for p in agent_dir.rglob("*") if p.is_file())
+        # The agent's files, not the cache's own marker of which agent its versions belong to.
+        assert held["agents"]["bytes"] == sum(p.stat().st_size for p in agent_dir.rglob("*")
+                                              if p.is_file() and p.name != AGENT_ID_FILE)
         assert held["sessions"]["count"] == 2
         services = api.server.components
         assert services is not None

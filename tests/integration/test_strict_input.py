@@ -50,7 +50,8 @@ async def test_known_fields_and_the_published_clients_options_pass(api: Api) -> 
     # ash-ai-sdk's message options reach validation (then 404: no such session), not a 400
     status, reply = await api.call(
         "POST", "/api/sessions/00000000-0000-0000-0000-000000000000/messages",
-        json={"content": "hi", "maxTurns": 3, "effort": "low", "thinking": {"type": "disabled"}, "outputFormat": {}})
+        json={"content": "hi", "maxTurns": 3, "effort": "low", "thinking": {"type": "disabled"},
+              "outputFormat": {"type": "json_schema", "schema": {"type": "object"}}})
     assert status == 404, reply
 
 

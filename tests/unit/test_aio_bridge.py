@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pykka
 import pytest
 
-from ashd.actors._aio import AioActor, AioFuture, call
+from ashd.actors._aio import AioActor, AioFuture, Later, call
+from ashd.actors._staged import OnLoop, Stage, StagedActor, staged
 from ashd.errors import Unavailable
 
 
@@ -75,3 +77,100 @@ def test_off_loop_futures_are_plain(gate: threading.Event) -> None:
     proxy = Slow.start(gate).proxy()
     future = proxy.work(2)
     assert future.get(timeout=5) == 4
+
+
+# --- staged handlers: the actor never waits for the loop, yet answers one request at a time -----
+
+class Counter(StagedActor):
+    """A toy staged actor: `add` stores its value through the loop (a gate holds the 'database')."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gate: asyncio.Event) -> None:
+        super().__init__(loop, stage_timeout=5)
+        self.gate = gate
+        self.total = 0
+        self.log: list[str] = []
+        self.threads: set[str] = set()
+
+    async def _store(self, value: int) -> int:
+        await self.gate.wait()
+        return self.total + value
+
+    @staged
+    def add(self, value: int) -> Stage[int]:
+        self.log.append(f"start {value}")
+        self.threads.add(threading.current_thread().name)
+        self.total = yield self._store(value)
+        self.log.append(f"end {value}")
+        return self.total
+
+    @staged
+    def fail_then_recover(self) -> Stage[str]:
+        try:
+            yield OnLoop(asyncio.sleep(5), timeout=0.05)
+        except TimeoutError:
+            return "recovered"  # the stage's error is raised in the handler, which decides
+        return "not reached"
+
+    @staged
+    def later(self) -> Stage[Later[str]]:
+        yield from ()
+        answer: Later[str] = Later()
+        self.pending = answer
+        return answer
+
+    @staged
+    def resolve(self, value: str) -> Stage[None]:
+        yield from ()
+        self.pending.set_result(value)
+
+    def peek(self) -> tuple[int, bool]:  # not staged: answers at once
+        return self.total, self.busy()
+
+
+@pytest.fixture
+async def counter() -> AsyncIterator[tuple[Any, asyncio.Event]]:
+    gate = asyncio.Event()
+    ref = Counter.start(asyncio.get_running_loop(), gate)
+    yield ref.proxy(), gate
+    if ref.is_alive():
+        ref.stop(block=False)
+
+
+async def test_a_staged_request_leaves_the_actor_free_and_the_next_waits_its_turn(
+        counter: tuple[Any, asyncio.Event]) -> None:
+    proxy, gate = counter
+    first, second = asyncio.ensure_future(call(proxy.add(1), 5)), asyncio.ensure_future(call(proxy.add(10), 5))
+    await asyncio.sleep(0.1)
+    # The first request waits on the loop; the actor's thread answers other messages meanwhile.
+    assert await call(proxy.peek(), 1) == (0, True)
+    assert await call(proxy.log, 1) == ["start 1"] and not first.done() and not second.done()
+    gate.set()
+    assert await first == 1 and await second == 11  # one after the other: each saw the one before
+    assert await call(proxy.log, 1) == ["start 1", "end 1", "start 10", "end 10"]
+    assert await call(proxy.peek(), 1) == (11, False)
+    assert len(await call(proxy.threads, 1)) == 1  # the actor's own thread, never the loop's
+
+
+async def test_a_stage_error_is_raised_in_the_handler_and_later_answers_follow(
+        counter: tuple[Any, asyncio.Event]) -> None:
+    proxy, _ = counter
+    assert await call(proxy.fail_then_recover(), 5) == "recovered"
+    waiting = asyncio.ensure_future(call(proxy.later(), 5))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # answered by a later request, not by its own handler
+    assert await call(proxy.resolve("done"), 5) is None
+    assert await waiting == "done"
+    # Off the loop (another actor's thread) the same answer is a plain blocking get.
+    off_loop = await asyncio.to_thread(lambda: proxy.fail_then_recover().get(timeout=5))
+    assert off_loop == "recovered"
+
+
+async def test_requests_pending_when_the_actor_stops_are_answered_unavailable(
+        counter: tuple[Any, asyncio.Event]) -> None:
+    proxy, _ = counter
+    first, second = asyncio.ensure_future(call(proxy.add(1), 5)), asyncio.ensure_future(call(proxy.add(2), 5))
+    await asyncio.sleep(0.1)
+    proxy.actor_ref.stop(block=False)
+    for pending in (first, second):
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(pending, 2)  # at once, not at the caller's timeout

@@ -1,6 +1,6 @@
 """The package layers as a rule: a module imports only from its own layer or the ones below it.
 
-    composition   ashd.app, ashd.__main__, ashd.cli, ashd.devtools   (nothing imports these)
+    composition   ashd.app, ashd.__main__, ashd.cli, ashd.devtools, ashd.runner   (nothing imports these)
     http          ashd.http                                  (only the composition imports it)
     wiring        ashd.components, ashd.runtime, ashd._bootstrap
     backends      ashd.backends                              (the seam the HTTP layer talks to)
@@ -25,7 +25,7 @@ from pathlib import Path
 import ashd
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("composition", ("ashd.app", "ashd.__main__", "ashd.cli", "ashd.devtools")),
+    ("composition", ("ashd.app", "ashd.__main__", "ashd.cli", "ashd.devtools", "ashd.runner")),
     ("http", ("ashd.http",)),
     ("wiring", ("ashd.components", "ashd.runtime", "ashd._bootstrap")),
     ("backends", ("ashd.backends",)),

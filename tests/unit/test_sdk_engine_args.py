@@ -52,3 +52,25 @@ def test_permission_modes() -> None:
     assert cli_permission_mode("permissionsByAgent") == "default"
     assert cli_permission_mode("") == "bypassPermissions"
     assert cli_permission_mode("plan") == "plan"
+
+
+def test_message_options_and_live_config_become_cli_flags(tmp_path: Path) -> None:
+    from ashd.bridge.engine._options import QueryOptions
+
+    engine = SdkEngine(EngineConfig.from_init({"maxTurns": 9, "model": "m-1"}, tmp_path, "/s"), _log)
+    assert engine._query_flags(QueryOptions()) == ["--max-turns", "9"]
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    options = QueryOptions.from_frame({"maxTurns": 3, "effort": "low", "maxBudgetUsd": 0.5,
+                                       "thinking": {"type": "enabled", "budget_tokens": 4096},
+                                       "outputFormat": {"type": "json_schema", "schema": schema}})
+    flags = engine._query_flags(options)
+    assert flag(flags, "--max-turns") == "3" and flag(flags, "--effort") == "low"
+    assert flag(flags, "--max-thinking-tokens") == "4096" and flag(flags, "--max-budget-usd") == "0.5"
+    assert json.loads(flag(flags, "--json-schema") or "") == schema
+    assert flag(engine._query_flags(QueryOptions(thinking={"type": "adaptive"})), "--thinking") == "adaptive"
+    assert flag(engine._query_flags(QueryOptions(thinking={"type": "disabled"})), "--thinking") == "disabled"
+    # PATCH .../config: the CLI is restarted with the new flags at the next query
+    engine.reconfigure({"model": "m-2", "allowedTools": ["Read"], "betas": ["b2"]})
+    assert engine._reconfigured and engine._default_model() == "m-2"
+    argv = engine._argv(Path("/cli"), engine._default_model(), resume=True)
+    assert flag(argv, "--allowedTools") == "Read" and flag(argv, "--betas") == "b2"

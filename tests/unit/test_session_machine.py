@@ -10,7 +10,6 @@ tests/integration/test_session_states.py.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,11 +38,40 @@ TENANT = "acme"
 KEY = bytes(range(32))
 
 
+class StallingSessions(Sessions):
+    """Real storage where chosen calls for chosen sessions wait at a gate: a database that stalls."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.gates: dict[tuple[str, str], asyncio.Event] = {}
+        self.stalled: dict[str, asyncio.Event] = {}  # set once a call for the session waits at its gate
+
+    def stall(self, sid: str, call: str = "transition") -> asyncio.Event:
+        """Hold the session's `call`s (transition, all_message_contents) until the returned gate is set."""
+        self.stalled[sid] = asyncio.Event()
+        self.gates[(sid, call)] = asyncio.Event()
+        return self.gates[(sid, call)]
+
+    async def _gate(self, sid: str, call: str) -> None:
+        gate = self.gates.get((sid, call))
+        if gate is not None:
+            self.stalled[sid].set()
+            await gate.wait()
+
+    async def transition(self, session_id: str, *args: Any, **kwargs: Any) -> Session:
+        await self._gate(session_id, "transition")
+        return await super().transition(session_id, *args, **kwargs)
+
+    async def all_message_contents(self, session_id: str) -> list[dict[str, Any]]:
+        await self._gate(session_id, "all_message_contents")
+        return await super().all_message_contents(session_id)
+
+
 @dataclass
 class Machine:
     """SessionDeps over real storage and a real pool; `actor(sid)` starts a SessionActor."""
 
-    sessions: Sessions
+    sessions: StallingSessions
     pool: Any  # PoolActor proxy
     launcher: PlainLauncher
     agents: dict[str, AgentView]
@@ -114,7 +142,7 @@ async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
     lost: list[SandboxLost] = []
     pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=0, idle_timeout=3600.0, shutdown_grace=1.0),
                                launcher, spec_for, None, lost.append)
-    m = Machine(Sessions(db), pool_ref.proxy(), launcher, agents)
+    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents)
 
     async def resolve_agent(_tenant: str, name: str) -> AgentView:
         if name not in agents:
@@ -137,7 +165,8 @@ async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
         yield m
     finally:
         for ref in m.actors.values():
-            ref.stop(block=False)
+            if ref.is_alive():
+                ref.stop(block=False)
         await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=60))
         launcher.kill_all()
         await db.close()
@@ -244,16 +273,16 @@ async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine
     ticket = await machine.ask(sid, "begin_turn", "hello", None)
     assert machine.counts() == {"running": 1}
     assert (await machine.refused(sid, "begin_turn", "again", None)).status_code == 409
-    # An active session pauses (decisions.md): the turn is interrupted, and the pause happens once
-    # the turn has ended (stored), answered through a future.
-    waiter = await machine.ask(sid, "pause")
-    assert isinstance(waiter, concurrent.futures.Future) and not waiter.done()
-    assert (await machine.row(sid)).status == "active"
+    # An active session pauses (decisions.md): the turn is interrupted, and the pause happens, and
+    # is answered, once the turn has ended (stored). The actor handles other messages meanwhile.
+    pausing = asyncio.ensure_future(machine.ask(sid, "pause"))
+    await asyncio.sleep(0.2)
+    assert not pausing.done() and (await machine.row(sid)).status == "active"
     assert await machine.ask(sid, "running_turn") == ticket.query_id
     await machine.ask(sid, "end_turn", "q-not-this-one")  # a stale end changes nothing
-    assert await machine.ask(sid, "running_turn") == ticket.query_id and not waiter.done()
+    assert await machine.ask(sid, "running_turn") == ticket.query_id and not pausing.done()
     await machine.ask(sid, "end_turn", ticket.query_id)
-    assert waiter.result(timeout=T)["status"] == "paused"
+    assert (await pausing)["status"] == "paused"
     assert (await machine.row(sid)).status == "paused"
 
 
@@ -278,3 +307,105 @@ async def test_a_dead_sandbox_is_replaced_at_the_next_turn(machine: Machine) -> 
     ticket = await machine.ask(sid, "begin_turn", "hello", None)
     assert ticket.sandbox_id != view["sandboxId"]
     assert machine.launcher.procs[ticket.sandbox_id].poll() is None
+
+
+# --- no actor thread blocks on the loop; one session's transitions stay serialised ---------------
+
+async def test_a_stalled_database_blocks_neither_the_actor_nor_other_sessions(machine: Machine) -> None:
+    a, view = await machine.create()
+    b, _ = await machine.create()
+    gate = machine.sessions.stall(a)
+    pausing = asyncio.ensure_future(machine.ask(a, "pause"))
+    await asyncio.wait_for(machine.sessions.stalled[a].wait(), T)  # a's pause waits in the database
+    # a's actor still answers at once, from the state its last finished transition left...
+    assert await call(machine.actor(a).running_turn(), 2) is None
+    assert await call(machine.actor(a).workspace(), 2) == machine.launcher.paths_for(view["sandboxId"]).workspace
+    # ...a second transition of a waits for the first and is decided on its outcome...
+    stopping = asyncio.ensure_future(machine.ask(a, "stop_session"))
+    # ...and the other session's transitions go through meanwhile.
+    assert (await call(machine.actor(b).pause(), 5))["status"] == "paused"
+    assert (await call(machine.actor(b).resume(), 5))["status"] == "active"
+    assert not pausing.done() and not stopping.done()
+    assert (await machine.row(a)).status == "active"
+    gate.set()
+    assert (await pausing)["status"] == "paused"
+    with pytest.raises(ServiceError) as refused:  # the stop is decided on the paused session
+        await stopping
+    assert refused.value.status_code == 400 and "paused" in refused.value.message
+    assert await machine.lifecycle(a) == ["created", "paused"]
+    assert await machine.ask(a, "retirable") is False  # paused: it keeps its sandbox
+    assert await machine.lifecycle(b) == ["created", "paused", "resumed"]
+
+
+async def test_a_double_resume_has_one_transition(machine: Machine) -> None:
+    sid, view = await machine.create()
+    await machine.ask(sid, "pause")
+    gate = machine.sessions.stall(sid)
+    first = asyncio.ensure_future(machine.ask(sid, "resume"))
+    await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)
+    second = asyncio.ensure_future(machine.ask(sid, "resume"))
+    await asyncio.sleep(0.1)
+    assert not first.done() and not second.done()
+    gate.set()
+    answers = [await first, await second]
+    assert [v["status"] for v in answers] == ["active", "active"]
+    assert {v["sandboxId"] for v in answers} == {view["sandboxId"]}
+    assert machine.resumes == [("warm", sid)]  # the second found the session active: a no-op
+    assert await machine.lifecycle(sid) == ["created", "paused", "resumed"]
+
+
+async def test_a_delete_during_create_ends_the_created_session(machine: Machine) -> None:
+    sid = new_id()
+    row = Session(id=sid, tenant_id=TENANT, agent_name="helper", model=None, status="starting", config="{}")
+    await machine.sessions.insert(row)
+    gate = machine.sessions.stall(sid)
+    creating = asyncio.ensure_future(call(machine.actor(sid).create(
+        CreateRequest(sid, TENANT, "helper", None, {}, agent=machine.agents["helper"]), row), 2 * T))
+    await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)  # configured; storing `active`
+    deleting = asyncio.ensure_future(machine.ask(sid, "delete"))
+    await asyncio.sleep(0.1)
+    assert not deleting.done()
+    gate.set()
+    assert (await creating)["status"] == "active"
+    assert (await deleting)["status"] == "ended"
+    assert await machine.lifecycle(sid) == ["created", "ended"]
+    wait_for(lambda: machine.counts() == {}, T, "the ended session's sandbox released")
+
+
+async def test_two_pauses_during_a_turn_wait_for_its_end_and_pause_once(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    pauses = [asyncio.ensure_future(machine.ask(sid, "pause")) for _ in range(2)]
+    await asyncio.sleep(0.2)
+    assert not any(p.done() for p in pauses)
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    assert [(await p)["status"] for p in pauses] == ["paused", "paused"]
+    assert await machine.lifecycle(sid) == ["created", "paused"]
+
+
+async def test_an_actor_stopped_while_starting_a_sandbox_lets_it_go(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    await machine.ask(sid, "stop_session")
+    gate = machine.sessions.stall(sid, "all_message_contents")
+    resuming = asyncio.ensure_future(machine.ask(sid, "resume"))  # cold: a new sandbox, then the history
+    await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)
+    assert sum(machine.counts().values()) == 1  # claimed for the resume
+    machine.actors[sid].stop(block=False)
+    with pytest.raises(ServiceError) as refused:  # at once, and nothing is half-held
+        await asyncio.wait_for(resuming, 5)
+    assert refused.value.status_code == 503
+    wait_for(lambda: machine.counts() == {}, T, "the claimed sandbox released")
+    assert (await machine.row(sid)).status == "stopped"
+    gate.set()  # the stalled read ends; its outcome has no one to go to
+
+
+async def test_a_pause_waiting_for_a_turn_is_answered_when_the_actor_stops(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    await machine.ask(sid, "begin_turn", "hello", None)
+    pausing = asyncio.ensure_future(machine.ask(sid, "pause"))
+    await asyncio.sleep(0.2)
+    assert not pausing.done()
+    machine.actors[sid].stop(block=False)
+    with pytest.raises(ServiceError) as refused:  # at once, not at the caller's timeout
+        await asyncio.wait_for(pausing, 5)
+    assert refused.value.status_code == 503

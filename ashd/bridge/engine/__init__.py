@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._loop import Engine, EngineError
+from ashd.bridge.engine._options import QueryOptions
 from ashd.bridge.engine._sdk import SdkEngine
 from ashd.engines import BUILTIN, ENGINES
 
@@ -27,4 +28,4 @@ def make_engine(config: EngineConfig, log_fn: Callable[[str, str], Awaitable[Non
     raise EngineError(f"unknown engine {config.engine!r}: this bridge has {', '.join(ENGINES)}")
 
 
-__all__ = ["AnyEngine", "Engine", "EngineConfig", "EngineError", "SdkEngine", "make_engine"]
+__all__ = ["AnyEngine", "Engine", "EngineConfig", "EngineError", "QueryOptions", "SdkEngine", "make_engine"]

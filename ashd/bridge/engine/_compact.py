@@ -36,8 +36,38 @@ SUMMARY_HEADER = "[Earlier conversation, compacted: this summary replaces {count
 CURRENT_REQUEST = "[The user's current request, verbatim:]"
 
 
+# Images and PDFs (base64 in the request) cost the model far fewer tokens than their characters:
+# an image at most about this many, a PDF roughly one per this many bytes (a page is ~2-3k tokens).
+IMAGE_TOKENS = 1600
+PDF_BYTES_PER_TOKEN = 30
+
+
+def _media_tokens(block: dict[str, Any]) -> int | None:
+    source = block.get("source")
+    if block.get("type") not in ("image", "document") or not isinstance(source, dict) \
+            or source.get("type") != "base64":
+        return None
+    if block["type"] == "image":
+        return IMAGE_TOKENS
+    return max(IMAGE_TOKENS, len(str(source.get("data") or "")) * 3 // 4 // PDF_BYTES_PER_TOKEN)
+
+
 def estimate_tokens(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False)) // CHARS_PER_TOKEN
+    media = 0
+
+    def without_media(item: Any) -> Any:
+        nonlocal media
+        if isinstance(item, list):
+            return [without_media(x) for x in item]
+        if isinstance(item, dict):
+            tokens = _media_tokens(item)
+            if tokens is not None:
+                media += tokens
+                return {k: v for k, v in item.items() if k != "source"}
+            return {k: without_media(v) for k, v in item.items()}
+        return item
+
+    return len(json.dumps(without_media(value), ensure_ascii=False)) // CHARS_PER_TOKEN + media
 
 
 @dataclass

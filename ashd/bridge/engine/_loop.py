@@ -30,12 +30,14 @@ from ashd.bridge.engine._compact import plan as plan_compaction
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._mcp import LogFn, McpManager
 from ashd.bridge.engine._model import CallResult, ModelError, PromptTooLong, call_model, make_client
+from ashd.bridge.engine._options import EFFORT_BETA, STRUCTURED_OUTPUT_TOOL, QueryOptions, apply_live_config
 from ashd.bridge.engine._permissions import Permissions
 from ashd.bridge.engine._skills import expand_skill
+from ashd.bridge.engine._structured import SYSTEM_NOTE, StructuredOutput
 from ashd.bridge.engine.tools import Tool, ToolContext, ToolResult, builtin_tools
 from ashd.bridge.engine.tools._task import TaskTool
 from ashd.bridge.history import close_unanswered_turn, summary_message
-from ashd.model_names import context_window, subagent_model
+from ashd.model_names import context_window, subagent_model, thinking_max_tokens
 from ashd.pricing import estimate_cost
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class _Query:
     stats: RunStats
     model: str
     check_limits: CheckLimits | None = None
+    options: QueryOptions = field(default_factory=QueryOptions)
+    structured: StructuredOutput | None = None  # with outputFormat: the main thread's final answer
 
 
 class Engine:
@@ -79,21 +83,26 @@ class Engine:
         self.config = config
         self.session_id = config.session_id or m.new_uuid()
         self.messages: list[dict[str, Any]] = [dict(x) for x in config.history]
-        self.permissions = Permissions(
-            config.permission_mode,
-            config.allow_rules(),
-            config.deny_rules(),
-            config.allowed_tools,
-            config.disallowed_tools,
-        )
+        self.permissions = self._permissions()
         self.mcp = McpManager(config.workspace, config.tool_env(), log_fn)
         self._client: anthropic.AsyncAnthropic | None = None
         self._query: _Query | None = None
         # The main conversation's last measured size (compaction); subagents measure their own.
         self._measure = Measure()
 
+    def _permissions(self) -> Permissions:
+        c = self.config
+        return Permissions(c.permission_mode, c.allow_rules(), c.deny_rules(), c.allowed_tools, c.disallowed_tools)
+
     async def start(self) -> None:
         await self.mcp.start()
+
+    def reconfigure(self, changes: dict[str, Any]) -> None:
+        """The session's live config changed (PATCH .../config): it applies from this query on."""
+        if self._query is not None:
+            raise EngineError("a query is already running in this session")
+        if apply_live_config(self.config, changes):
+            self.permissions = self._permissions()
 
     async def close(self) -> None:
         await self.mcp.stop()
@@ -137,6 +146,7 @@ class Engine:
         model: str | None = None,
         include_partial: bool = False,
         check_limits: CheckLimits | None = None,
+        options: QueryOptions | None = None,
     ) -> dict[str, Any]:
         """Run one user turn to completion; emits SDK messages and returns the result message."""
         if self._query is not None:
@@ -144,16 +154,21 @@ class Engine:
         started = time.monotonic()
         profile = self._profile(model)
         stats = RunStats()
-        self._query = _Query(emit, include_partial, stats, profile.model, check_limits)
+        options = options or QueryOptions()
+        structured = StructuredOutput(options.output_schema) if options.output_schema is not None else None
+        self._query = _Query(emit, include_partial, stats, profile.model, check_limits, options, structured)
+        max_turns = options.max_turns or self.config.max_turns
         content = (expand_skill(self.config.workspace, prompt) if isinstance(prompt, str) else None) or prompt
         m.append_user(self.messages, content)
         # A turn that does not finish is closed in the conversation (history.close_unanswered_turn),
         # so the next prompt is never merged into its unanswered one and asked again.
         try:
-            subtype, text = await self._loop(self.messages, profile, None, self.config.max_turns, self._measure)
+            subtype, text = await self._loop(self.messages, profile, None, max_turns, self._measure)
         except ModelError as exc:
             close_unanswered_turn(self.messages, f"the model call failed: {str(exc)[:300]}")
-            await emit(self._result(stats, started, "error_during_execution", str(exc)))
+            # The message's maxBudgetUsd spent: the Agent SDK's own subtype for it.
+            subtype = "error_max_budget_usd" if exc.refusal == "turn_budget" else "error_during_execution"
+            await emit(self._result(stats, started, subtype, str(exc)))
             raise EngineError(str(exc)) from exc
         except asyncio.CancelledError:
             close_unanswered_turn(self.messages, "interrupted by the user", "interrupted by the user")
@@ -165,6 +180,8 @@ class Engine:
         finally:
             self._query = None
         result = self._result(stats, started, subtype, text)
+        if structured is not None and structured.done:
+            result["structured_output"] = structured.value
         await emit(result)
         return result
 
@@ -203,11 +220,12 @@ class Engine:
             async def on_event(event: dict[str, Any]) -> None:
                 await q.emit(m.stream_event(event, self.session_id, parent))
 
+            structured = q.structured if parent is None else None
             try:
                 call = await call_model(
                     self.client,
-                    self._request(profile, messages),
-                    betas=self.config.betas,
+                    self._turn_request(profile, messages, structured),
+                    betas=self._betas(),
                     on_event=on_event if q.include_partial else None,
                 )
             except PromptTooLong:
@@ -223,10 +241,23 @@ class Engine:
             await q.emit(m.assistant(msg, self.session_id, parent))
             uses = [b for b in msg.get("content") or [] if b.get("type") == "tool_use"]
             if msg.get("stop_reason") != "tool_use" or not uses:
-                return "success", m.text_of(msg)
-            results = [await self._run_tool(b, profile.tools) for b in uses]
+                if structured is None:
+                    return "success", m.text_of(msg)
+                if structured.exhausted:
+                    return "error_max_structured_output_retries", _NO_STRUCTURED_OUTPUT
+                # The answer must come through the tool: ask for it (stored like any user message).
+                note = [{"type": "text", "text": structured.remind()}]
+                messages.append({"role": "user", "content": note})
+                await q.emit(m.user_tool_results(note, self.session_id, parent))
+                continue
+            results = [structured.answer(b) if structured is not None and b.get("name") == STRUCTURED_OUTPUT_TOOL
+                       else await self._run_tool(b, profile.tools) for b in uses]
             messages.append({"role": "user", "content": results})
             await q.emit(m.user_tool_results(results, self.session_id, parent))
+            if structured is not None and structured.done:
+                return "success", structured.result_text(m.text_of(msg))
+            if structured is not None and structured.exhausted:
+                return "error_max_structured_output_retries", _NO_STRUCTURED_OUTPUT
 
     def _account(self, call: CallResult) -> dict[str, Any]:
         """Add a model call's time, usage and cost to the query's; returns its message."""
@@ -290,21 +321,51 @@ class Engine:
         await q.emit(m.compact_boundary(self.session_id, parent, trigger, pre_tokens, compaction))
         return True
 
-    def _request(self, profile: Profile, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def _betas(self) -> list[str]:
+        q = self._query
+        if q is not None and q.options.effort and EFFORT_BETA not in self.config.betas:
+            return [*self.config.betas, EFFORT_BETA]
+        return self.config.betas
+
+    def _turn_request(self, profile: Profile, messages: list[dict[str, Any]],
+                      structured: StructuredOutput | None) -> dict[str, Any]:
+        """A call of the agent loop: the conversation's request plus the query's options (thinking,
+        effort, and for the main thread the StructuredOutput tool)."""
+        q = self._query
+        assert q is not None
+        params = self._request(profile, messages, structured)
+        options = q.options
+        if options.thinking is not None:
+            params["thinking"] = dict(options.thinking)
+            if options.thinking_budget is not None:
+                params["max_tokens"] = thinking_max_tokens(options.thinking_budget, self.config.max_tokens)
+        if options.effort:
+            params["output_config"] = {"effort": options.effort}
+        if structured is not None and structured.force_next and options.thinking_budget is None \
+                and (options.thinking or {}).get("type") != "adaptive":
+            params["tool_choice"] = {"type": "tool", "name": STRUCTURED_OUTPUT_TOOL}
+        return params
+
+    def _request(self, profile: Profile, messages: list[dict[str, Any]],
+                 structured: StructuredOutput | None = None) -> dict[str, Any]:
         """The Messages API request for the conversation so far, with its cache breakpoints."""
         params: dict[str, Any] = {
             "model": profile.model,
             "max_tokens": self.config.max_tokens,
             "messages": cached_messages(messages),
         }
-        system = cached_system(profile.system)
+        prompt = profile.system
+        if structured is not None:
+            prompt = f"{prompt}\n\n{SYSTEM_NOTE}" if prompt else SYSTEM_NOTE
+        system = cached_system(prompt)
         if system:
             params["system"] = system
-        if profile.tools:
-            params["tools"] = cached_tools(
-                [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
+        tools = [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
                  for t in profile.tools.values()]
-            )
+        if structured is not None:
+            tools.append(structured.tool())
+        if tools:
+            params["tools"] = cached_tools(tools)
         return params
 
     async def _run_tool(self, block: dict[str, Any], tools: dict[str, Tool]) -> dict[str, Any]:
@@ -391,6 +452,10 @@ async def _stop_groups(groups: list[int], timeout: float = 5.0) -> None:
             except (ProcessLookupError, PermissionError):
                 break
             await asyncio.sleep(0.005)
+
+
+_NO_STRUCTURED_OUTPUT = (f"stopped: the model did not give a final answer matching the outputFormat schema through "
+                         f"the {STRUCTURED_OUTPUT_TOOL} tool after repeated requests")
 
 
 def _subset(tools: dict[str, Tool], names: Any) -> dict[str, Tool]:

@@ -30,7 +30,12 @@ OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class ModelError(Exception):
-    """A model call failed for good; the message is meant for a person."""
+    """A model call failed for good; the message is meant for a person. `refusal` names the model
+    proxy's reason when the server refused the call (`turn_budget`: the message's maxBudgetUsd)."""
+
+    def __init__(self, message: str, refusal: str | None = None) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 class PromptTooLong(ModelError):
@@ -131,7 +136,8 @@ def _final_error(exc: Exception, attempts: int) -> ModelError:
         if exc.response.headers.get(REFUSAL_HEADER):
             # The server's model proxy refused the call (policy, budget, rate): its message says what
             # to do, so it is passed on as it is instead of being read as the model API's words.
-            return ModelError(f"model call refused by the server ({status}){retried}: {_describe(exc)}")
+            return ModelError(f"model call refused by the server ({status}){retried}: {_describe(exc)}",
+                              refusal=exc.response.headers.get(REFUSAL_HEADER))
         if status == 401:
             return ModelError("model API rejected the API key (401): check the session credential or ANTHROPIC_API_KEY")
         label = {

@@ -24,6 +24,7 @@ from ashd.bridge.engine import _messages as m
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._forward import LoopbackForwarder
 from ashd.bridge.engine._loop import EngineError
+from ashd.bridge.engine._options import QueryOptions, apply_live_config
 from ashd.bridge.engine._skills import expand_skill
 from ashd.engines import SDK, bundled_cli
 from ashd.model_names import subagent_model
@@ -37,6 +38,10 @@ INTERRUPT_DRAIN_S = 30.0
 MCP_START_TIMEOUT_S = 60.0
 MCP_POLL_S = 0.1
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+# Results that end a turn as asked (a limit of the message), not as a failure of the engine.
+_ENDS_WITHOUT_ERROR = ("error_max_turns", "error_max_budget_usd", "error_max_structured_output_retries")
 
 
 class SdkEngineError(EngineError):
@@ -96,6 +101,10 @@ class SdkEngine:
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._stderr: list[str] = []
         self._model: str | None = None
+        # The per-query flags (maxTurns, effort, thinking, outputFormat, maxBudgetUsd) the running CLI
+        # was started with: a query asking for others restarts it on the same transcript, as a model does.
+        self._flags: list[str] = self._query_flags(QueryOptions())
+        self._reconfigured = False  # the live config changed: the next query restarts the CLI
         self._busy = False
         self._interrupted = False
         self._request_seq = 0
@@ -111,12 +120,15 @@ class SdkEngine:
             raise SdkEngineError("the claude-agent-sdk engine needs the model proxy socket")
         self._forwarder = LoopbackForwarder(self.config.model_socket)
         await self._forwarder.start()
-        home = self.config.tool_env()["HOME"]
-        transcript = _transcript_dir(home, self.config.workspace) / f"{self.session_id}.jsonl"
+        transcript = self._transcript()
         if not transcript.exists() and self.config.history:
             write_transcript(transcript, self.session_id, self.config.workspace, self.config.history)
         await self._spawn(cli, self._default_model(), resume=transcript.exists())
         await self._wait_for_mcp()
+
+    def _transcript(self) -> Path:
+        home = self.config.tool_env()["HOME"]
+        return _transcript_dir(home, self.config.workspace) / f"{self.session_id}.jsonl"
 
     async def _wait_for_mcp(self) -> None:
         """The MCP servers' status for init_ok, once the CLI has connected them (or given up)."""
@@ -149,7 +161,7 @@ class SdkEngine:
         argv = [str(cli), "-p", "--output-format", "stream-json", "--input-format", "stream-json", "--verbose",
                 "--include-partial-messages", "--model", model,
                 "--permission-mode", cli_permission_mode(c.permission_mode),
-                "--system-prompt", c.system_prompt or "", "--max-turns", str(c.max_turns)]
+                "--system-prompt", c.system_prompt or "", *self._flags]
         argv += ["--resume", self.session_id] if resume else ["--session-id", self.session_id]
         if c.allowed_tools:
             argv += ["--allowedTools", ",".join(c.allowed_tools)]
@@ -169,6 +181,31 @@ class SdkEngine:
         if c.initial_agent and c.initial_agent in c.subagents:
             argv += ["--agent", c.initial_agent]
         return argv
+
+    def _query_flags(self, options: QueryOptions) -> list[str]:
+        """A query's options as the CLI's flags (as the Agent SDK maps them)."""
+        flags = ["--max-turns", str(options.max_turns or self.config.max_turns)]
+        if options.effort:
+            flags += ["--effort", options.effort]
+        thinking = options.thinking or {}
+        if thinking.get("type") == "adaptive":
+            flags += ["--thinking", "adaptive"]
+        elif options.thinking_budget is not None:
+            flags += ["--max-thinking-tokens", str(options.thinking_budget)]
+        elif thinking.get("type") == "disabled":
+            flags += ["--thinking", "disabled"]
+        if options.output_schema is not None:
+            flags += ["--json-schema", json.dumps(options.output_schema)]
+        if options.max_budget_usd is not None:
+            flags += ["--max-budget-usd", str(options.max_budget_usd)]
+        return flags
+
+    def reconfigure(self, changes: dict[str, Any]) -> None:
+        """The session's live config changed (PATCH .../config): the CLI restarts with it at the next query."""
+        if self._busy:
+            raise SdkEngineError("a query is already running in this session")
+        if apply_live_config(self.config, changes):
+            self._reconfigured = True
 
     def _env(self) -> dict[str, str]:
         assert self._forwarder is not None
@@ -195,11 +232,12 @@ class SdkEngine:
         self._reader = asyncio.create_task(self._read(self._proc))
 
     async def _restart(self, model: str) -> None:
-        """A different model for this query: the CLI is started again on the same transcript."""
+        """A different model or flags for this query: the CLI is started again on the same transcript
+        (a new one when the session has none yet: its first query)."""
         await self.close_cli()
         cli = bundled_cli()
         assert cli is not None
-        await self._spawn(cli, model, resume=True)
+        await self._spawn(cli, model, resume=self._transcript().exists())
 
     async def close_cli(self) -> None:
         proc, self._proc = self._proc, None
@@ -308,6 +346,7 @@ class SdkEngine:
         model: str | None = None,
         include_partial: bool = False,
         check_limits: Any = None,
+        options: QueryOptions | None = None,
     ) -> dict[str, Any]:
         """Run one user turn through the CLI; emits its messages unchanged and returns its result.
         Raises SdkEngineError when the CLI fails or the turn ends in an error."""
@@ -318,7 +357,10 @@ class SdkEngine:
             if self._interrupted:
                 await self._drain_interrupted()
             wanted = self._default_model(model)
-            if wanted != self._model or self._proc is None or self._proc.returncode is not None:
+            flags = self._query_flags(options or QueryOptions())
+            if (wanted != self._model or flags != self._flags or self._reconfigured or self._proc is None
+                    or self._proc.returncode is not None):
+                self._flags, self._reconfigured = flags, False
                 await self._restart(wanted)
             content = (expand_skill(self.config.workspace, prompt) if isinstance(prompt, str) else None) or prompt
             await self._write({"type": "user", "message": {"role": "user", "content": content},
@@ -337,7 +379,7 @@ class SdkEngine:
                     await asyncio.shield(self._write({"type": "control_request", "request_id": f"int_{m.new_uuid()}",
                                                       "request": {"subtype": "interrupt"}}))
                 raise
-            if msg.get("is_error") and msg.get("subtype") != "error_max_turns":
+            if msg.get("is_error") and msg.get("subtype") not in _ENDS_WITHOUT_ERROR:
                 raise SdkEngineError(str(msg.get("result") or msg.get("errors") or "the turn failed"))
             return msg
         finally:

@@ -1,0 +1,136 @@
+"""RunnerRegistryActor: a coordinator's view of the registered runners, and where a new session goes.
+
+The shared database is the truth (every coordinator reads the same `runners` table); this actor only
+keeps a copy for `ttl` seconds so that routing a request costs no query. Between two reads it
+counts the sessions it placed on each runner, so that a burst of creates within one TTL spreads
+over the runners instead of all going to the one that looked emptiest at the last read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ashd.actors._staged import Stage, StagedActor, staged
+
+# In a runner's heartbeat stats: 1 for a coordinator's local pool (ashd/runner/_local_pool.py).
+LOCAL_POOL_STAT = "coordinatorLocal"
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """One registered runner as routing sees it."""
+
+    runner_id: str
+    host: str
+    port: int
+    max_sandboxes: int
+    running: int
+    warming: int
+    last_heartbeat: dt.datetime
+    dead: bool = False  # a liveness sweep marked it dead: alive again only once it registers again
+    local_pool: bool = False  # a coordinator's local pool (SERVICE_COORDINATOR_LOCAL): a fallback
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"http://{host}:{self.port}"
+
+    def available(self, placed: int = 0) -> int:
+        """Free capacity: maximum sandboxes minus running and warming ones (and those placed since)."""
+        return self.max_sandboxes - self.running - self.warming - placed
+
+    def alive(self, now: dt.datetime, liveness_seconds: float) -> bool:
+        return not self.dead and (now - self.last_heartbeat).total_seconds() <= liveness_seconds
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> RunnerInfo:
+        stats = row.get("stats") or {}
+        beat = dt.datetime.fromisoformat(str(row["lastHeartbeatAt"]))
+        if beat.tzinfo is None:
+            beat = beat.replace(tzinfo=dt.UTC)
+        return cls(runner_id=str(row["runnerId"]), host=str(row["host"]), port=int(row["port"]),
+                   max_sandboxes=int(row.get("maxSandboxes") or 0),
+                   running=int(stats.get("running", row.get("runningCount", 0)) or 0),
+                   warming=int(stats.get("warming", row.get("warmingCount", 0)) or 0), last_heartbeat=beat,
+                   dead=row.get("deadAt") is not None, local_pool=bool(stats.get(LOCAL_POOL_STAT)))
+
+
+def choose(runners: Sequence[RunnerInfo], now: dt.datetime, liveness_seconds: float,
+           placed: dict[str, int] | None = None, exclude: frozenset[str] = frozenset()) -> RunnerInfo | None:
+    """The alive runner with the most available capacity (ties: the lowest id, so every coordinator
+    agrees), or None when no alive runner has room. Coordinators' local pools only when no runner
+    (`ashd runner`) has room: they are the fallback SERVICE_COORDINATOR_LOCAL promises."""
+    placed = placed or {}
+    for local_pools in (False, True):
+        best: RunnerInfo | None = None
+        for runner in sorted(runners, key=lambda r: r.runner_id):
+            if (runner.local_pool != local_pools or runner.runner_id in exclude
+                    or not runner.alive(now, liveness_seconds)):
+                continue
+            room = runner.available(placed.get(runner.runner_id, 0))
+            if room <= 0:
+                continue
+            if best is None or room > best.available(placed.get(best.runner_id, 0)):
+                best = runner
+        if best is not None:
+            return best
+    return None
+
+
+class RunnerRegistryActor(StagedActor):
+    """Asked from the event loop (`call(proxy.pick(), timeout)`); reads the database on the loop, as
+    a stage of the request that needs it (`_staged.py`): its thread never waits for the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, read: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]],
+                 liveness_seconds: float, ttl: float = 1.0, timeout: float = 30.0,
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+        super().__init__(loop, timeout)
+        self._read = read  # the runners table, as Runners.list() answers it
+        self._liveness = liveness_seconds
+        self._ttl = ttl
+        self._clock = clock
+        self._runners: list[RunnerInfo] = []
+        self._read_at = float("-inf")
+        self._placed: dict[str, int] = {}
+
+    def _fresh(self, force: bool = False) -> Stage[list[RunnerInfo]]:
+        if force or time.monotonic() - self._read_at > self._ttl:
+            rows = yield self._read()
+            self._runners = [RunnerInfo.from_json(r) for r in rows]
+            self._read_at = time.monotonic()
+            self._placed = {}
+        return self._runners
+
+    @staged
+    def pick(self, exclude: frozenset[str] = frozenset()) -> Stage[RunnerInfo | None]:
+        """The runner a new (or cold-resumed) session goes to, counted as placed there."""
+        runner = choose((yield from self._fresh()), self._clock(), self._liveness, self._placed, exclude)
+        if runner is not None:
+            self._placed[runner.runner_id] = self._placed.get(runner.runner_id, 0) + 1
+        return runner
+
+    @staged
+    def address(self, runner_id: str) -> Stage[RunnerInfo | None]:
+        """The runner, when it is registered and alive; None otherwise (gone, or silent too long)."""
+        for attempt in (False, True):  # a runner registered since the last read: read again once
+            for runner in (yield from self._fresh(force=attempt)):
+                if runner.runner_id == runner_id:
+                    return runner if runner.alive(self._clock(), self._liveness) else None
+            if time.monotonic() - self._read_at < min(self._ttl, 0.2):
+                break  # just read: no need to read again
+        return None
+
+    @staged
+    def alive(self) -> Stage[list[RunnerInfo]]:
+        runners = yield from self._fresh()
+        now = self._clock()
+        return [r for r in runners if r.alive(now, self._liveness)]
+
+    def forget(self) -> None:
+        """Read the table again at the next question (a runner failed to answer)."""
+        self._read_at = float("-inf")

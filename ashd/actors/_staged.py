@@ -1,0 +1,163 @@
+"""Staged handlers: an actor that handles one request at a time and never waits for the event loop.
+
+A request handler is a generator method decorated with `@staged`. Where it needs work done on the
+loop (a database call, a bridge request) it yields the coroutine, or `OnLoop(coro, timeout)`, and
+the result comes back as the value of the `yield` (an exception is raised there). Between those
+stages the actor's thread is free: the work is piped to the loop (`_aio.pipe_to_actor`), its
+outcome returns as a message, and requests that arrive meanwhile wait in arrival order (stashed)
+until the running one has answered. So the requests of one actor stay serialised, each with one
+answer, while its thread never blocks on the loop and the loop never waits for it.
+
+A staged method returns a `Later`; through a proxy the caller's future resolves with the handler's
+return value (or its exception). A handler may itself return a `Later` that another request
+resolves (a pause that waits for the running turn's end). Methods that are not staged answer at
+once from the state the last finished request left (reads of memory only).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from ashd.actors._aio import AioActor, Later, pipe_to_actor
+from ashd.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+A = TypeVar("A", bound="StagedActor")
+
+# What a staged handler is: it yields loop work and gets each result back; returns the answer.
+Stage = Generator[Any, Any, T]
+
+
+@dataclass(frozen=True)
+class OnLoop:
+    """Loop work with its own time limit (a bare coroutine gets the actor's `stage_timeout`)."""
+
+    coro: Coroutine[Any, Any, Any]
+    timeout: float
+
+
+@dataclass(frozen=True)
+class _StageDone:
+    """The loop's outcome of one stage, told to the actor."""
+
+    stage: int
+    result: Any
+    error: BaseException | None
+
+
+@dataclass
+class _Request:
+    name: str
+    steps: Stage[Any]
+    reply: Later[Any]
+
+
+def staged(handler: Callable[Concatenate[A, P], Stage[T]]) -> Callable[Concatenate[A, P], Later[T]]:
+    """Make a generator method a request: run now if the actor is idle, else after those before it."""
+
+    def request(self: A, /, *args: P.args, **kwargs: P.kwargs) -> Later[T]:
+        return self._accept(_Request(handler.__name__, handler(self, *args, **kwargs), Later()))
+
+    functools.update_wrapper(request, handler)
+    return request
+
+
+class StagedActor(AioActor):
+    def __init__(self, loop: Any, stage_timeout: float) -> None:
+        super().__init__()
+        self._loop = loop
+        self.stage_timeout = stage_timeout
+        self._running: _Request | None = None
+        self._stashed: deque[_Request] = deque()
+        self._stage = 0  # number of the stage now on the loop; a stale outcome is ignored
+
+    def busy(self) -> bool:
+        """A request is being handled or waiting to be."""
+        return self._running is not None or bool(self._stashed)
+
+    def waiting(self) -> int:
+        """How many requests wait for the one running."""
+        return len(self._stashed)
+
+    def _accept(self, request: _Request) -> Later[Any]:
+        self._stashed.append(request)
+        self._next()
+        return request.reply
+
+    def _next(self) -> None:
+        while self._running is None and self._stashed:
+            self._running = self._stashed.popleft()
+            self._advance(None, None)  # finishes at once when the handler yields nothing
+
+    def _advance(self, result: Any, error: BaseException | None) -> None:
+        request = self._running
+        assert request is not None
+        try:
+            work = request.steps.throw(error) if error is not None else request.steps.send(result)
+        except StopIteration as done:
+            self._running = None
+            _answer(request.reply, done.value)
+            return
+        except Exception as exc:  # noqa: BLE001 - the request's answer is its error
+            self._running = None
+            request.reply.set_exception(exc)
+            return
+        self._stage += 1
+        coro, timeout = (work.coro, work.timeout) if isinstance(work, OnLoop) else (work, self.stage_timeout)
+        pipe_to_actor(self._loop, coro, timeout, self.actor_ref, functools.partial(_StageDone, self._stage))
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _StageDone):
+            if self._running is not None and message.stage == self._stage:
+                self._advance(message.result, message.error)
+                self._next()
+            return None
+        return super().on_receive(message)
+
+    def on_stop(self) -> None:
+        self._abandon()
+
+    def on_failure(self, *_exc_info: Any) -> None:
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """Stopped with requests unanswered: each gets an error now instead of its caller's timeout.
+        The running handler is closed (GeneratorExit at its `yield`), so that it can let go of what
+        it holds without waiting for anything."""
+        running, self._running = self._running, None
+        requests = ([running] if running is not None else []) + list(self._stashed)
+        self._stashed = deque()
+        if running is not None:
+            try:
+                running.steps.close()
+            except Exception:  # stopping anyway: the handler's cleanup failed, say so
+                log.exception("closing the request %s of a stopped actor failed", running.name)
+        for request in requests:
+            log.debug("request %s abandoned: the actor stopped", request.name)
+            if not request.reply.done():
+                request.reply.set_exception(Unavailable("the service is shutting down or a component "
+                                                        "stopped; try again"))
+
+
+def _answer(reply: Later[Any], value: Any) -> None:
+    if not isinstance(value, Later):
+        reply.set_result(value)
+        return
+
+    def settle(later: concurrent.futures.Future[Any]) -> None:
+        exc = later.exception()
+        if exc is None:
+            reply.set_result(later.result())
+        else:
+            reply.set_exception(exc)
+
+    value.add_done_callback(settle)
