@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ashd.actors import RunnerInfo, call
 from ashd.backends._protocol import Bundle, Files, Frame, Message, NewSession, SessionBackend, SessionView, Turn
@@ -23,6 +23,7 @@ from ashd.errors import Unavailable
 from ashd.storage import AgentFile, Session, Sessions, session_json
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 NO_RUNNERS = ("No runners are available and no local backend is configured: start a runner (`ashd runner`) "
               "registered with this coordinator, or set SERVICE_COORDINATOR_LOCAL=true")
 # A create (or a cold resume elsewhere) that a runner refuses with 503 goes to the next best one,
@@ -85,6 +86,24 @@ class RoutingBackend:
         _, home = await self._session(tenant, session_id)
         return home if home is not None else await self._pick()
 
+    async def _via(self, where: Callable[[], Awaitable[SessionBackend]],
+                   op: Callable[[SessionBackend], Awaitable[T]]) -> T:
+        """`op` on the backend `where` names. A runner that took no connection may be one this
+        coordinator's registry copy still lists though it left through another coordinator (a drain
+        deregisters through the load balancer): read the registry again and, when it now names
+        another backend, go there once. A runner still registered keeps its 503."""
+        backend = await where()
+        try:
+            return await op(backend)
+        except RunnerDidNotTake:
+            if not isinstance(backend, RemoteBackend):
+                raise
+            self._registry.forget()
+            fresh = await where()
+            if fresh is backend:
+                raise
+            return await op(fresh)
+
     async def _live(self, tenant: str, session_id: str) -> SessionBackend:
         """For calls that need the session's sandbox: its own backend only. A session whose runner is
         gone is not silently restarted elsewhere: an inactive one gets the usual refusal, an active
@@ -136,52 +155,71 @@ class RoutingBackend:
         return session_json(row)  # the shared database is the truth: no trip to the runner
 
     async def resume(self, tenant: str, session_id: str) -> SessionView:
-        _, home = await self._session(tenant, session_id)
-        if home is not None:
-            return await home.resume(tenant, session_id)
+        for fresh in (False, True):
+            _, home = await self._session(tenant, session_id)
+            if home is None:
+                break
+            try:
+                return await home.resume(tenant, session_id)
+            except RunnerDidNotTake:
+                # Maybe gone though this coordinator's registry copy still lists it (see `_via`).
+                if fresh or not isinstance(home, RemoteBackend):
+                    raise
+                self._registry.forget()
         # Its runner is gone: a cold start on the best alive runner, which stamps itself on the session.
         return await self._placed(lambda backend: backend.resume(tenant, session_id))
 
     async def pause(self, tenant: str, session_id: str) -> SessionView:
-        return await (await self._anywhere(tenant, session_id)).pause(tenant, session_id)
+        return await self._via(lambda: self._anywhere(tenant, session_id),
+                               lambda b: b.pause(tenant, session_id))
 
     async def stop(self, tenant: str, session_id: str) -> SessionView:
-        return await (await self._anywhere(tenant, session_id)).stop(tenant, session_id)
+        return await self._via(lambda: self._anywhere(tenant, session_id),
+                               lambda b: b.stop(tenant, session_id))
 
     async def end(self, tenant: str, session_id: str, *, purge: bool = False) -> SessionView:
-        return await (await self._anywhere(tenant, session_id)).end(tenant, session_id, purge=purge)
+        return await self._via(lambda: self._anywhere(tenant, session_id),
+                               lambda b: b.end(tenant, session_id, purge=purge))
 
     async def configure(self, tenant: str, session_id: str, changes: dict[str, Any]) -> SessionView:
         # Its own runner while it is alive (a live bridge gets the changes with its next query), else
         # any: the stored config is what a later resume starts with.
-        return await (await self._anywhere(tenant, session_id)).configure(tenant, session_id, changes)
+        return await self._via(lambda: self._anywhere(tenant, session_id),
+                               lambda b: b.configure(tenant, session_id, changes))
 
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]:
-        return await (await self._live(tenant, session_id)).interrupt(tenant, session_id)
+        return await self._via(lambda: self._live(tenant, session_id),
+                               lambda b: b.interrupt(tenant, session_id))
 
     async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> SessionView:
         # The child starts where the parent's workspace is (live there, else its snapshot anywhere).
-        return await (await self._anywhere(tenant, parent_id)).fork(tenant, parent_id, child_id, encrypted_env)
+        return await self._via(lambda: self._anywhere(tenant, parent_id),
+                               lambda b: b.fork(tenant, parent_id, child_id, encrypted_env))
 
     async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
-        return await (await self._live(tenant, session_id)).exec(tenant, session_id, argv, timeout_s)
+        return await self._via(lambda: self._live(tenant, session_id),
+                               lambda b: b.exec(tenant, session_id, argv, timeout_s))
 
     async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
-        return await (await self._live(tenant, session_id)).write_files(tenant, session_id, target, files)
+        return await self._via(lambda: self._live(tenant, session_id),
+                               lambda b: b.write_files(tenant, session_id, target, files))
 
     async def bundle(self, tenant: str, session_id: str) -> Bundle:
-        return await (await self._anywhere(tenant, session_id)).bundle(tenant, session_id)
+        return await self._via(lambda: self._anywhere(tenant, session_id),
+                               lambda b: b.bundle(tenant, session_id))
 
     async def restore_bundle(self, tenant: str, session_id: str, data: bytes) -> tuple[int, list[str]]:
-        return await (await self._live(tenant, session_id)).restore_bundle(tenant, session_id, data)
+        return await self._via(lambda: self._live(tenant, session_id),
+                               lambda b: b.restore_bundle(tenant, session_id, data))
 
     async def files(self, tenant: str, session_id: str) -> Files:
-        return await (await self._anywhere(tenant, session_id)).files(tenant, session_id)
+        return await self._via(lambda: self._anywhere(tenant, session_id),
+                               lambda b: b.files(tenant, session_id))
 
     # --- turns ---------------------------------------------------------------------------------
     async def message(self, tenant: str, session_id: str, message: Message) -> Turn:
-        backend = await self._live(tenant, session_id)
-        turn = await backend.message(tenant, session_id, message)
+        turn = await self._via(lambda: self._live(tenant, session_id),
+                               lambda b: b.message(tenant, session_id, message))
         return _Counted(turn, self)
 
     async def replay(self, tenant: str, session_id: str, after: int) -> AsyncGenerator[Frame, None]:
