@@ -6,19 +6,17 @@ going past a failing step, so one broken component never leaves the others runni
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import platform
-import signal
 import sys
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ashd import __version__
 from ashd._bootstrap import ensure_api_keys, ensure_internal_secret, prepare_data_dir
+from ashd._signals import run_until_signalled
 from ashd.actors import EMPTY_POOL_STATS
 from ashd.backends import SessionBackend
 from ashd.components import Components, coordinator_id
@@ -163,14 +161,4 @@ class Server:
 
 async def run(settings: Settings) -> None:
     server = Server(settings)
-    stop_event = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_event.set)
-    try:
-        await server.serve()
-        await stop_event.wait()
-        log.info("stop requested; shutting down gracefully")
-    finally:
-        with suppress(Exception):
-            await server.stop()
+    await run_until_signalled(server.serve, server.stop, log, "stop requested; shutting down gracefully")

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 
 from aiohttp import web
 
 from ashd import __version__, runtime
 from ashd._bootstrap import ensure_internal_secret, prepare_data_dir
+from ashd._signals import run_until_signalled
 from ashd.components import coordinator_id
 from ashd.config import Settings
 from ashd.errors import ConfigError
@@ -122,14 +121,4 @@ class RunnerProcess:
 
 async def run_runner(settings: Settings) -> None:
     process = RunnerProcess(settings)
-    stop_event = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_event.set)
-    try:
-        await process.start()
-        await stop_event.wait()
-        log.info("stop requested; draining the runner")
-    finally:
-        with suppress(Exception):
-            await process.stop()
+    await run_until_signalled(process.start, process.stop, log, "stop requested; draining the runner")
