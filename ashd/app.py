@@ -9,14 +9,13 @@ from __future__ import annotations
 import logging
 import platform
 import sys
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ashd import __version__
 from ashd._bootstrap import ensure_api_keys, ensure_internal_secret, prepare_data_dir
-from ashd._signals import run_until_signalled
+from ashd._signals import StopStep, run_until_signalled, unwind
 from ashd.actors import EMPTY_POOL_STATS
 from ashd.backends import SessionBackend
 from ashd.components import Components, coordinator_id
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     from ashd.runtime import LocalSessions
 
 log = logging.getLogger(__name__)
-StopStep = Callable[[], Awaitable[None]]
 
 
 class Server:
@@ -150,12 +148,7 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        while self._stops:
-            name, step = self._stops.pop()
-            try:
-                await step()
-            except Exception:
-                log.exception("stopping %s failed", name)
+        await unwind(self._stops)
         log.info("ashd stopped")
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from ashd._bootstrap import sandbox_owner_id
+from ashd._signals import StopStep
 from ashd.actors import (
     DispatchConfig,
     LivenessConfig,
@@ -87,7 +88,6 @@ if TYPE_CHECKING:
     from ashd.storage import TenantStorage
 
 log = logging.getLogger(__name__)
-StopStep = Callable[[], Awaitable[None]]
 # Server variables a sandbox may inherit; everything else of the server's environment stays out.
 ENV_ALLOWLIST = ("LANG", "LC_ALL", "TZ")
 

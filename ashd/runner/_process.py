@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from ashd import __version__, runtime
 from ashd._bootstrap import ensure_internal_secret, prepare_data_dir
-from ashd._signals import run_until_signalled
+from ashd._signals import StopStep, run_until_signalled, unwind
 from ashd.components import coordinator_id
 from ashd.config import Settings
 from ashd.errors import ConfigError
@@ -23,7 +22,6 @@ from ashd.runner._registration import Registration, RunnerIdentity
 from ashd.storage import MIB, Agents, Cipher, Credentials, Database, load_or_create_key
 
 log = logging.getLogger(__name__)
-StopStep = Callable[[], Awaitable[None]]
 
 
 def runner_id_of(settings: Settings) -> str:
@@ -110,12 +108,7 @@ class RunnerProcess:
         if self._site_runner is not None:
             await self._site_runner.cleanup()
             self._site_runner = None
-        while self._stops:
-            name, step = self._stops.pop()
-            try:
-                await step()
-            except Exception:
-                log.exception("stopping %s failed", name)
+        await unwind(self._stops)
         log.info("runner stopped", extra={"runnerId": self.runner_id})
 
 
