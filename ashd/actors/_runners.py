@@ -1,9 +1,10 @@
 """RunnerRegistryActor: a coordinator's view of the registered runners, and where a new session goes.
 
 The shared database is the truth (every coordinator reads the same `runners` table); this actor only
-keeps a copy for `ttl` seconds so that routing a request costs no query. Between two reads it
-counts the sessions it placed on each runner, so that a burst of creates within one TTL spreads
-over the runners instead of all going to the one that looked emptiest at the last read.
+keeps a copy for `ttl` seconds so that routing a request costs no query. It counts the sessions it
+placed on each runner since that runner's last heartbeat (whose counts include them from then on),
+so that a burst of creates spreads over the runners instead of all going to the one that looked
+emptiest at the last heartbeat, however many times the table is read meanwhile.
 """
 
 from __future__ import annotations
@@ -96,22 +97,27 @@ class RunnerRegistryActor(StagedActor):
         self._clock = clock
         self._runners: list[RunnerInfo] = []
         self._read_at = float("-inf")
-        self._placed: dict[str, int] = {}
+        self._placed: dict[str, list[dt.datetime]] = {}  # runner id -> when each session went there
 
     def _fresh(self, force: bool = False) -> Stage[list[RunnerInfo]]:
         if force or time.monotonic() - self._read_at > self._ttl:
             rows = yield self._read()
             self._runners = [RunnerInfo.from_json(r) for r in rows]
             self._read_at = time.monotonic()
-            self._placed = {}
+            beats = {r.runner_id: r.last_heartbeat for r in self._runners}
+            # A heartbeat's counts include what was placed before it: only later placements still add.
+            self._placed = {rid: later for rid, times in self._placed.items() if rid in beats
+                            and (later := [t for t in times if t > beats[rid]])}
         return self._runners
 
     @staged
     def pick(self, exclude: frozenset[str] = frozenset()) -> Stage[RunnerInfo | None]:
         """The runner a new (or cold-resumed) session goes to, counted as placed there."""
-        runner = choose((yield from self._fresh()), self._clock(), self._liveness, self._placed, exclude)
+        runners = yield from self._fresh()
+        placed = {rid: len(times) for rid, times in self._placed.items()}
+        runner = choose(runners, self._clock(), self._liveness, placed, exclude)
         if runner is not None:
-            self._placed[runner.runner_id] = self._placed.get(runner.runner_id, 0) + 1
+            self._placed.setdefault(runner.runner_id, []).append(self._clock())
         return runner
 
     @staged

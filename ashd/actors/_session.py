@@ -35,7 +35,14 @@ from ashd.errors import (
     Unavailable,
 )
 from ashd.sandboxing import prepare_workspace
-from ashd.storage import Session, SnapshotTooLarge, log_failure, session_json, storage_failure
+from ashd.storage import (
+    Session,
+    SessionHeldElsewhere,
+    SnapshotTooLarge,
+    log_failure,
+    session_json,
+    storage_failure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -490,8 +497,18 @@ class SessionActor(StagedActor):
     def _transition(self, status: str, action: str, extra: dict[str, Any] | None = None,
                     **values: Any) -> Stage[Session]:
         before = self.row.status if self.row is not None else None
-        row: Session = yield self.deps.sessions.transition(self.session_id, self.tenant, status, action,
-                                                           extra=extra, **values)
+        # On a runner, a write that does not claim the session is fenced: if the session was resumed
+        # on another runner while this one was thought dead, this actor's view is stale.
+        fence = self.deps.runner_id if "runner_id" not in values else None
+        try:
+            row: Session = yield self.deps.sessions.transition(self.session_id, self.tenant, status, action,
+                                                               extra=extra, fence=fence, **values)
+        except SessionHeldElsewhere:
+            log.warning("session resumed on another runner meanwhile: letting this runner's sandbox go",
+                        extra={"sessionId": self.session_id, "tenant": self.tenant})
+            self.row = None  # the next request reads the row as it is
+            yield from self._drop_sandbox()
+            raise
         if self.deps.on_status is not None and before != status:
             try:  # a status change stands whatever its listener does
                 self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})

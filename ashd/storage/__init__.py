@@ -56,7 +56,7 @@ from ashd.storage._runners import Runners, SweptRunner, is_alive, runner_json
 from ashd.storage._sequence import allocate
 from ashd.storage._session_logs import LEVELS as LOG_LEVELS
 from ashd.storage._session_logs import LogLine, SessionLogs
-from ashd.storage._sessions import EventRecord, Sessions, session_json
+from ashd.storage._sessions import EventRecord, SessionHeldElsewhere, Sessions, session_json
 from ashd.storage._snapshots import (
     DEFAULT_KEEP,
     PARTIAL_PREFIX,
@@ -133,6 +133,7 @@ __all__ = [
     "Runners",
     "Session",
     "SessionEvent",
+    "SessionHeldElsewhere",
     "SessionLogs",
     "Sessions",
     "SnapshotBoard",

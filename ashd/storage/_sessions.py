@@ -13,13 +13,22 @@ from sqlalchemy import Select, Table, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
 
-from ashd.errors import NotFound
+from ashd.errors import Conflict, NotFound
 from ashd.storage._database import Database
 from ashd.storage._models import Attachment, Message, Session, SessionEvent, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
 
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
+# Statuses in which a session is held by the runner its row names (its sandbox lives there).
+LIVE_STATUSES = ("active", "starting")
+
+
+class SessionHeldElsewhere(Conflict):
+    """A runner wrote to a session that another runner now holds live: the writer's copy is stale
+    (it was thought dead meanwhile, and the session was resumed elsewhere)."""
+
+
 _SECRET_HINTS = ("key", "token", "secret", "password", "auth")
 # The `error` stored for a turn whose process died under it, by the reason its session was paused.
 INTERRUPTED_BY = {
@@ -144,11 +153,15 @@ class Sessions:
             return list((await s.execute(query.order_by(Session.created_at.desc()).limit(limit))).scalars())
 
     async def transition(self, session_id: str, tenant: str, status: str, action: str, *,
-                         extra: dict[str, Any] | None = None, **values: Any) -> Session:
+                         extra: dict[str, Any] | None = None, fence: str | None = None, **values: Any) -> Session:
         """Set the status (and other columns) and store the lifecycle event, in one transaction.
 
         One UPDATE sets the status, allocates the event's sequence and returns the row; one INSERT
         stores the event. Transitions are on the hot path of pause and resume.
+
+        `fence`, a runner id: write only unless another runner holds the session live, else raise
+        `SessionHeldElsewhere` and write nothing. A runner's actors pass their runner's id, so one
+        that was wrongly declared dead cannot pause (or fail, or end) a session resumed elsewhere.
         """
         now = utcnow()
         data = json.dumps({"action": action, "status": status, **(extra or {})})
@@ -157,15 +170,23 @@ class Sessions:
 
         def run(s: SyncSession) -> Session:
             # Core statements: the ORM's identity-map work costs a third of this transaction.
+            statement = update(_SESSIONS).where(_SESSIONS.c.id == session_id)
+            if fence is not None:
+                statement = statement.where(or_(_SESSIONS.c.runner_id == fence, _SESSIONS.c.runner_id.is_(None),
+                                                _SESSIONS.c.status.notin_(LIVE_STATUSES)))
             mapping = s.execute(
-                update(_SESSIONS).where(_SESSIONS.c.id == session_id)
+                statement
                 .values(status=status, updated_at=now, next_event_seq=_SESSIONS.c.next_event_seq + 1,
                         event_count=_SESSIONS.c.event_count + 1,
                         stored_bytes=_SESSIONS.c.stored_bytes + _size(data), **values)
                 .returning(*_SESSIONS.c)
             ).mappings().one_or_none()
             if mapping is None:
-                raise NotFound(f"Session {session_id} not found")
+                holder = s.execute(select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == session_id)).one_or_none()
+                if holder is None:
+                    raise NotFound(f"Session {session_id} not found")
+                raise SessionHeldElsewhere(f"Session {session_id} now runs on runner {holder[0]}; this runner's "
+                                           "copy of it is stale and was let go")
             s.execute(insert(_EVENTS).values(
                 id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle", data=data,
                 sequence=mapping["next_event_seq"], created_at=now))

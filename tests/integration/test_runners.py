@@ -750,3 +750,53 @@ async def test_a_local_session_from_before_pools_registered_is_refused_by_anothe
     finally:
         await api.client.close()
         await server.stop()
+
+
+async def test_a_runner_thought_dead_cannot_pause_its_session_once_it_runs_elsewhere(
+        aiohttp_client: Any, short_tmp: Path, pg: str, fake_model: FakeModel, agent_dir: Path) -> None:
+    """Split brain: a runner (here a coordinator's local pool) is declared dead while it still runs,
+    its session is resumed on another runner, and then the first one, which still holds the old
+    sandbox and an old view of the session, pauses it (its own graceful stop). That write must not
+    land: the session stays active where it runs now, and its next turn works."""
+    servers: list[tuple[Server, Api]] = []
+    try:
+        for name in ("sa", "sb"):
+            servers.append(await start_api(aiohttp_client, local_settings(short_tmp, pg, name)))
+        ids = []
+        for server, _ in servers:
+            assert server.components is not None and server.components.local is not None
+            ids.append(server.components.local.owner_id)
+        await wait_registered(servers[1][1], *ids)
+        await deploy(servers[0][1], agent_dir)
+        status, body = await servers[0][1].call("POST", "/api/sessions", json={"agent": "ra"})
+        assert status == 201, body
+        sid = body["session"]["id"]
+        home = ids.index(body["session"]["runnerId"])
+        (home_server, home_api), (_, other_api) = servers[home], servers[1 - home]
+        assert (await turn(home_api, sid, "a turn on the first runner"))[-1].event == "done"
+
+        # The first runner goes silent without stopping: the other's sweep declares it dead.
+        assert home_server.local_runner is not None
+        await home_server.local_runner.stop_heartbeats()
+        deadline = time.monotonic() + 30
+        while (await other_api.call("GET", f"/api/sessions/{sid}"))[1]["session"]["status"] != "paused":
+            assert time.monotonic() < deadline, "the sweep never paused the silent runner's session"
+            await asyncio.sleep(0.3)
+        status, body = await other_api.call("POST", f"/api/sessions/{sid}/resume")
+        assert status == 200 and body["session"]["runnerId"] == ids[1 - home], body
+
+        # The first runner, still up with its old sandbox, stops gracefully: it pauses what it
+        # believes are its active sessions.
+        await home_api.client.close()
+        await home_server.stop()
+
+        status, body = await other_api.call("GET", f"/api/sessions/{sid}/events")
+        actions = [json.loads(e["data"]).get("action") for e in body["events"] if e["type"] == "lifecycle"]
+        assert actions[-1] == "resumed", actions  # nothing written after the move
+        assert (await turn(other_api, sid, "a turn after the move"))[-1].event == "done"
+        status, body = await other_api.call("GET", f"/api/sessions/{sid}")
+        assert body["session"]["status"] == "active" and body["session"]["runnerId"] == ids[1 - home], body
+    finally:
+        for server, api in servers:
+            await api.client.close()
+            await server.stop()
