@@ -357,7 +357,7 @@ class SessionActor(StagedActor):
             assert self.handle is not None
             self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
         assert self.handle is not None
-        yield self.deps.sessions.add_user_message(self.session_id, self.tenant, content, attachments)
+        yield self.deps.sessions.add_user_message_soon(self.session_id, self.tenant, content, attachments)
         live_config, self._live_changes = self._live_changes, None
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                                "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
@@ -490,8 +490,8 @@ class SessionActor(StagedActor):
     def _transition(self, status: str, action: str, extra: dict[str, Any] | None = None,
                     **values: Any) -> Stage[Session]:
         before = self.row.status if self.row is not None else None
-        row: Session = yield self.deps.sessions.transition(self.session_id, self.tenant, status, action,
-                                                           extra=extra, **values)
+        row: Session = yield self.deps.sessions.transition_soon(self.session_id, self.tenant, status, action,
+                                                                extra=extra, **values)
         if self.deps.on_status is not None and before != status:
             try:  # a status change stands whatever its listener does
                 self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})

@@ -6,6 +6,7 @@ import builtins
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -150,6 +151,17 @@ class Sessions:
         One UPDATE sets the status, allocates the event's sequence and returns the row; one INSERT
         stores the event. Transitions are on the hot path of pause and resume.
         """
+        return await self.db.run_tx(self._transition_tx(session_id, tenant, status, action, extra, values))
+
+    def transition_soon(self, session_id: str, tenant: str, status: str, action: str, *,
+                        extra: dict[str, Any] | None = None, **values: Any) -> Future[Session] | Awaitable[Session]:
+        """`transition`, started now from an actor's thread: a future the SQLite writer thread
+        resolves (no trip through the loop), or, without a writer thread, the coroutine to await."""
+        tx = self._transition_tx(session_id, tenant, status, action, extra, values)
+        return self.db.submit_tx(tx) or self.db.run_tx(tx)
+
+    def _transition_tx(self, session_id: str, tenant: str, status: str, action: str,
+                       extra: dict[str, Any] | None, values: dict[str, Any]) -> Callable[[SyncSession], Session]:
         now = utcnow()
         data = json.dumps({"action": action, "status": status, **(extra or {})})
         if self.owner_id and values.get("sandbox_id"):
@@ -171,7 +183,7 @@ class Sessions:
                 sequence=mapping["next_event_seq"], created_at=now))
             return Session(**dict(mapping))
 
-        return await self.db.run_tx(run)
+        return run
 
     async def update_config(self, session_id: str, tenant: str, model: str | None, config: dict[str, Any]) -> Session:
         """Store a session's changed config (PATCH .../config) and model; the row as it is now."""
@@ -233,6 +245,16 @@ class Sessions:
         """Store a prompt. `attachments` (what the message named, as `{id, filename, mimeType, size,
         path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
         are linked to this one."""
+        return await self.db.run_tx(self._user_message_tx(session_id, tenant, content, attachments))
+
+    def add_user_message_soon(self, session_id: str, tenant: str, content: Any,
+                              attachments: Sequence[dict[str, Any]] = ()) -> Future[int] | Awaitable[int]:
+        """`add_user_message` started now from an actor's thread (see `transition_soon`)."""
+        tx = self._user_message_tx(session_id, tenant, content, attachments)
+        return self.db.submit_tx(tx) or self.db.run_tx(tx)
+
+    def _user_message_tx(self, session_id: str, tenant: str, content: Any,
+                         attachments: Sequence[dict[str, Any]]) -> Callable[[SyncSession], int]:
         now = utcnow()
         record: dict[str, Any] = {"type": "user", "content": content}
         if attachments:
@@ -253,7 +275,7 @@ class Sessions:
                 stored_bytes=Session.stored_bytes + _size(body)))
             return seq
 
-        return await self.db.run_tx(run)
+        return run
 
     async def store_turn_batch(self, session_id: str, tenant: str, messages: Sequence[tuple[str, str]],
                                events: Sequence[EventRecord]) -> None:
