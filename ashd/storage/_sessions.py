@@ -21,6 +21,7 @@ from ashd.storage._sequence import allocate, allocate_sync
 
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
+_MESSAGES = cast(Table, Message.__table__)
 _SECRET_HINTS = ("key", "token", "secret", "password", "auth")
 # The `error` stored for a turn whose process died under it, by the reason its session was paused.
 INTERRUPTED_BY = {
@@ -263,17 +264,24 @@ class Sessions:
         message_id = new_id()
 
         def run(s: SyncSession) -> int:
-            seq = allocate_sync(s, session_id, "message")
-            s.execute(insert(Message).values(id=message_id, session_id=session_id, tenant_id=tenant, role="user",
-                                             content=body, sequence=seq, created_at=now))
+            # Core statements, the sequence allocated by the same UPDATE that counts the message: on
+            # the path of every message, and the ORM's bulk-update bookkeeping cost more than the SQL.
+            seq = s.execute(
+                update(_SESSIONS).where(_SESSIONS.c.id == session_id)
+                .values(next_message_seq=_SESSIONS.c.next_message_seq + 1, last_active_at=now, turn_open=True,
+                        message_count=_SESSIONS.c.message_count + 1,
+                        stored_bytes=_SESSIONS.c.stored_bytes + _size(body))
+                .returning(_SESSIONS.c.next_message_seq)
+            ).scalar_one_or_none()
+            if seq is None:
+                raise NotFound(f"Session {session_id} not found")
+            s.execute(insert(_MESSAGES).values(id=message_id, session_id=session_id, tenant_id=tenant, role="user",
+                                               content=body, sequence=seq, created_at=now))
             if attachments:
                 s.execute(update(Attachment).where(
                     Attachment.id.in_([a["id"] for a in attachments]), Attachment.session_id == session_id,
                     Attachment.message_id.is_(None)).values(message_id=message_id))
-            s.execute(update(Session).where(Session.id == session_id).values(
-                last_active_at=now, turn_open=True, message_count=Session.message_count + 1,
-                stored_bytes=Session.stored_bytes + _size(body)))
-            return seq
+            return int(seq)
 
         return run
 
@@ -290,22 +298,29 @@ class Sessions:
         size = (sum(_size(content) for _, content in messages)
                 + sum(_size(None if e.data is None else json.dumps(e.data)) + _size(e.frame_data) for e in events))
 
+        values: dict[str, Any] = {
+            "last_active_at": now, "message_count": _SESSIONS.c.message_count + len(messages),
+            "next_message_seq": _SESSIONS.c.next_message_seq + len(messages),
+            "event_count": _SESSIONS.c.event_count + len(event_rows), "stored_bytes": _SESSIONS.c.stored_bytes + size,
+        }
+        if any(e.frame_event == "done" for e in events):
+            values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
+
         def run(s: SyncSession) -> None:
+            # Core statements (no ORM bulk bookkeeping): one UPDATE counts everything and allocates
+            # the messages' sequences, then the rows go in.
+            last = s.execute(update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(**values)
+                             .returning(_SESSIONS.c.next_message_seq)).scalar_one_or_none()
             if messages:
-                first = allocate_sync(s, session_id, "message", len(messages))
-                s.execute(insert(Message), [
+                if last is None:
+                    raise NotFound(f"Session {session_id} not found")
+                first = int(last) - len(messages) + 1
+                s.execute(insert(_MESSAGES), [
                     {"id": new_id(), "session_id": session_id, "tenant_id": tenant, "role": role,
                      "content": content, "sequence": first + i, "created_at": now}
                     for i, (role, content) in enumerate(messages)])
             if event_rows:
-                s.execute(insert(SessionEvent), event_rows)
-            values: dict[str, Any] = {
-                "last_active_at": now, "message_count": Session.message_count + len(messages),
-                "event_count": Session.event_count + len(event_rows), "stored_bytes": Session.stored_bytes + size,
-            }
-            if any(e.frame_event == "done" for e in events):
-                values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
-            s.execute(update(Session).where(Session.id == session_id).values(**values))
+                s.execute(insert(_EVENTS), event_rows)
 
         await self.db.run_tx(run)
 
