@@ -364,7 +364,7 @@ class SessionActor(StagedActor):
             assert self.handle is not None
             self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
         assert self.handle is not None
-        yield self.deps.sessions.add_user_message(self.session_id, self.tenant, content, attachments)
+        yield self.deps.sessions.add_user_message_soon(self.session_id, self.tenant, content, attachments)
         live_config, self._live_changes = self._live_changes, None
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                                "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
@@ -501,8 +501,8 @@ class SessionActor(StagedActor):
         # on another runner while this one was thought dead, this actor's view is stale.
         fence = self.deps.runner_id if "runner_id" not in values else None
         try:
-            row: Session = yield self.deps.sessions.transition(self.session_id, self.tenant, status, action,
-                                                               extra=extra, fence=fence, **values)
+            row: Session = yield self.deps.sessions.transition_soon(self.session_id, self.tenant, status, action,
+                                                                    extra=extra, fence=fence, **values)
         except SessionHeldElsewhere:
             log.warning("session resumed on another runner meanwhile: letting this runner's sandbox go",
                         extra={"sessionId": self.session_id, "tenant": self.tenant})

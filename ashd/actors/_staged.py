@@ -2,7 +2,9 @@
 
 A request handler is a generator method decorated with `@staged`. Where it needs work done on the
 loop (a database call, a bridge request) it yields the coroutine, or `OnLoop(coro, timeout)`, and
-the result comes back as the value of the `yield` (an exception is raised there). Between those
+the result comes back as the value of the `yield` (an exception is raised there). A
+`concurrent.futures.Future` may be yielded too: work already running on a thread of its own (a
+SQLite write on the writer thread), whose outcome is told to the actor from that thread. Between those
 stages the actor's thread is free: the work is piped to the loop (`_aio.pipe_to_actor`), its
 outcome returns as a message, and requests that arrive meanwhile wait in arrival order (stashed)
 until the running one has answered. So the requests of one actor stay serialised, each with one
@@ -17,12 +19,15 @@ once from the state the last finished request left (reads of memory only).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import pykka
 
 from ashd.actors._aio import AioActor, Later, pipe_to_actor
 from ashd.errors import Unavailable
@@ -112,6 +117,11 @@ class StagedActor(AioActor):
             request.reply.set_exception(exc)
             return
         self._stage += 1
+        if isinstance(work, concurrent.futures.Future):
+            # Work already started on a thread of its own (the SQLite writer): its outcome comes back
+            # as a message straight from there, without a trip through the loop.
+            work.add_done_callback(functools.partial(_tell_done, self.actor_ref, self._stage))
+            return
         coro, timeout = (work.coro, work.timeout) if isinstance(work, OnLoop) else (work, self.stage_timeout)
         pipe_to_actor(self._loop, coro, timeout, self.actor_ref, functools.partial(_StageDone, self._stage))
 
@@ -146,6 +156,12 @@ class StagedActor(AioActor):
             if not request.reply.done():
                 request.reply.set_exception(Unavailable("the service is shutting down or a component "
                                                         "stopped; try again"))
+
+
+def _tell_done(ref: Any, stage: int, work: concurrent.futures.Future[Any]) -> None:
+    error = work.exception()
+    with contextlib.suppress(pykka.ActorDeadError):  # stopped meanwhile: the outcome serves no one
+        ref.tell(_StageDone(stage, None if error is not None else work.result(), error))
 
 
 def _answer(reply: Later[Any], value: Any) -> None:

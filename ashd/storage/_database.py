@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 from sqlalchemy.orm import Session as SyncSession
 
+from ashd.errors import Unavailable
 from ashd.storage._engine import create_engine, normalise_url, sessionmaker
 from ashd.storage._failures import storage_failure
 from ashd.storage._fastpath import SqliteWriter
@@ -39,6 +41,17 @@ class Database:
         except Exception as exc:
             _raise_mapped(exc)
             raise
+
+    def submit_tx(self, fn: Callable[[SyncSession], T]) -> Future[T] | None:
+        """`fn(session)` as one transaction started now on SQLite's writer thread, from any thread (an
+        actor's); its future resolves there. None where there is no writer thread (PostgreSQL, an
+        in-memory database): await `run_tx` on the loop instead."""
+        if self._writer is None:
+            return None
+        try:
+            return self._writer.submit(fn, _mapped_call)
+        except RuntimeError as exc:  # the writer thread is shut down: the server is stopping
+            raise Unavailable("the service is shutting down; try again") from exc
 
     @classmethod
     async def open(cls, url: str) -> Database:
@@ -84,6 +97,14 @@ class Database:
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
         await self.engine.dispose()
+
+
+def _mapped_call(run: Callable[[], T]) -> T:
+    try:
+        return run()
+    except Exception as exc:
+        _raise_mapped(exc)
+        raise
 
 
 def _raise_mapped(exc: Exception) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from sqlalchemy import Engine
@@ -40,6 +40,12 @@ class SqliteWriter:
 
     async def run(self, fn: Callable[[SyncSession], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, fn)
+
+    def submit(self, fn: Callable[[SyncSession], T], wrap: Callable[[Callable[[], T]], T]) -> Future[T]:
+        """Start `fn` as one transaction on the writer thread from any thread, the loop not involved:
+        an actor that hands its write here and is told the outcome saves two loop crossings.
+        `wrap(run)` runs it (it maps the errors the way `Database.run_tx` does)."""
+        return self._thread.submit(wrap, lambda: self._run(fn))
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)

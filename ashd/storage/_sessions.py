@@ -6,6 +6,7 @@ import builtins
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,6 +21,7 @@ from ashd.storage._sequence import allocate, allocate_sync
 
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
+_MESSAGES = cast(Table, Message.__table__)
 # Statuses in which a session is held by the runner its row names (its sandbox lives there).
 LIVE_STATUSES = ("active", "starting")
 
@@ -163,6 +165,18 @@ class Sessions:
         `SessionHeldElsewhere` and write nothing. A runner's actors pass their runner's id, so one
         that was wrongly declared dead cannot pause (or fail, or end) a session resumed elsewhere.
         """
+        return await self.db.run_tx(self._transition_tx(session_id, tenant, status, action, extra, fence, values))
+
+    def transition_soon(self, session_id: str, tenant: str, status: str, action: str, *,
+                        extra: dict[str, Any] | None = None, fence: str | None = None,
+                        **values: Any) -> Future[Session] | Awaitable[Session]:
+        """`transition`, started now from an actor's thread: a future the SQLite writer thread
+        resolves (no trip through the loop), or, without a writer thread, the coroutine to await."""
+        tx = self._transition_tx(session_id, tenant, status, action, extra, fence, values)
+        return self.db.submit_tx(tx) or self.db.run_tx(tx)
+
+    def _transition_tx(self, session_id: str, tenant: str, status: str, action: str, extra: dict[str, Any] | None,
+                       fence: str | None, values: dict[str, Any]) -> Callable[[SyncSession], Session]:
         now = utcnow()
         data = json.dumps({"action": action, "status": status, **(extra or {})})
         if self.owner_id and values.get("sandbox_id"):
@@ -192,7 +206,7 @@ class Sessions:
                 sequence=mapping["next_event_seq"], created_at=now))
             return Session(**dict(mapping))
 
-        return await self.db.run_tx(run)
+        return run
 
     async def update_config(self, session_id: str, tenant: str, model: str | None, config: dict[str, Any]) -> Session:
         """Store a session's changed config (PATCH .../config) and model; the row as it is now."""
@@ -254,6 +268,16 @@ class Sessions:
         """Store a prompt. `attachments` (what the message named, as `{id, filename, mimeType, size,
         path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
         are linked to this one."""
+        return await self.db.run_tx(self._user_message_tx(session_id, tenant, content, attachments))
+
+    def add_user_message_soon(self, session_id: str, tenant: str, content: Any,
+                              attachments: Sequence[dict[str, Any]] = ()) -> Future[int] | Awaitable[int]:
+        """`add_user_message` started now from an actor's thread (see `transition_soon`)."""
+        tx = self._user_message_tx(session_id, tenant, content, attachments)
+        return self.db.submit_tx(tx) or self.db.run_tx(tx)
+
+    def _user_message_tx(self, session_id: str, tenant: str, content: Any,
+                         attachments: Sequence[dict[str, Any]]) -> Callable[[SyncSession], int]:
         now = utcnow()
         record: dict[str, Any] = {"type": "user", "content": content}
         if attachments:
@@ -262,19 +286,26 @@ class Sessions:
         message_id = new_id()
 
         def run(s: SyncSession) -> int:
-            seq = allocate_sync(s, session_id, "message")
-            s.execute(insert(Message).values(id=message_id, session_id=session_id, tenant_id=tenant, role="user",
-                                             content=body, sequence=seq, created_at=now))
+            # Core statements, the sequence allocated by the same UPDATE that counts the message: on
+            # the path of every message, and the ORM's bulk-update bookkeeping cost more than the SQL.
+            seq = s.execute(
+                update(_SESSIONS).where(_SESSIONS.c.id == session_id)
+                .values(next_message_seq=_SESSIONS.c.next_message_seq + 1, last_active_at=now, turn_open=True,
+                        message_count=_SESSIONS.c.message_count + 1,
+                        stored_bytes=_SESSIONS.c.stored_bytes + _size(body))
+                .returning(_SESSIONS.c.next_message_seq)
+            ).scalar_one_or_none()
+            if seq is None:
+                raise NotFound(f"Session {session_id} not found")
+            s.execute(insert(_MESSAGES).values(id=message_id, session_id=session_id, tenant_id=tenant, role="user",
+                                               content=body, sequence=seq, created_at=now))
             if attachments:
                 s.execute(update(Attachment).where(
                     Attachment.id.in_([a["id"] for a in attachments]), Attachment.session_id == session_id,
                     Attachment.message_id.is_(None)).values(message_id=message_id))
-            s.execute(update(Session).where(Session.id == session_id).values(
-                last_active_at=now, turn_open=True, message_count=Session.message_count + 1,
-                stored_bytes=Session.stored_bytes + _size(body)))
-            return seq
+            return int(seq)
 
-        return await self.db.run_tx(run)
+        return run
 
     async def store_turn_batch(self, session_id: str, tenant: str, messages: Sequence[tuple[str, str]],
                                events: Sequence[EventRecord]) -> None:
@@ -289,22 +320,29 @@ class Sessions:
         size = (sum(_size(content) for _, content in messages)
                 + sum(_size(None if e.data is None else json.dumps(e.data)) + _size(e.frame_data) for e in events))
 
+        values: dict[str, Any] = {
+            "last_active_at": now, "message_count": _SESSIONS.c.message_count + len(messages),
+            "next_message_seq": _SESSIONS.c.next_message_seq + len(messages),
+            "event_count": _SESSIONS.c.event_count + len(event_rows), "stored_bytes": _SESSIONS.c.stored_bytes + size,
+        }
+        if any(e.frame_event == "done" for e in events):
+            values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
+
         def run(s: SyncSession) -> None:
+            # Core statements (no ORM bulk bookkeeping): one UPDATE counts everything and allocates
+            # the messages' sequences, then the rows go in.
+            last = s.execute(update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(**values)
+                             .returning(_SESSIONS.c.next_message_seq)).scalar_one_or_none()
             if messages:
-                first = allocate_sync(s, session_id, "message", len(messages))
-                s.execute(insert(Message), [
+                if last is None:
+                    raise NotFound(f"Session {session_id} not found")
+                first = int(last) - len(messages) + 1
+                s.execute(insert(_MESSAGES), [
                     {"id": new_id(), "session_id": session_id, "tenant_id": tenant, "role": role,
                      "content": content, "sequence": first + i, "created_at": now}
                     for i, (role, content) in enumerate(messages)])
             if event_rows:
-                s.execute(insert(SessionEvent), event_rows)
-            values: dict[str, Any] = {
-                "last_active_at": now, "message_count": Session.message_count + len(messages),
-                "event_count": Session.event_count + len(event_rows), "stored_bytes": Session.stored_bytes + size,
-            }
-            if any(e.frame_event == "done" for e in events):
-                values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
-            s.execute(update(Session).where(Session.id == session_id).values(**values))
+                s.execute(insert(_EVENTS), event_rows)
 
         await self.db.run_tx(run)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from ashd.actors._aio import AioActor, AioFuture, Later, call
 from ashd.actors._staged import OnLoop, Stage, StagedActor, staged
-from ashd.errors import Unavailable
+from ashd.errors import Conflict, Unavailable
 
 
 class Slow(AioActor):
@@ -123,6 +124,24 @@ class Counter(StagedActor):
         yield from ()
         self.pending.set_result(value)
 
+    @staged
+    def add_in_thread(self, pool: concurrent.futures.Executor, gate: threading.Event, value: int) -> Stage[int]:
+        """`add` with its store on a thread of its own (as the SQLite writer thread), not the loop."""
+        def store(total: int) -> int:
+            gate.wait(5)
+            if value < 0:
+                raise ValueError("negative")
+            return total + value
+
+        self.log.append(f"start {value}")
+        try:
+            self.total = yield pool.submit(store, self.total)
+        except ValueError as exc:
+            self.log.append(f"failed {value}")
+            raise Conflict(str(exc)) from exc
+        self.log.append(f"end {value}")
+        return self.total
+
     def peek(self) -> tuple[int, bool]:  # not staged: answers at once
         return self.total, self.busy()
 
@@ -174,3 +193,23 @@ async def test_requests_pending_when_the_actor_stops_are_answered_unavailable(
     for pending in (first, second):
         with pytest.raises(Unavailable):
             await asyncio.wait_for(pending, 2)  # at once, not at the caller's timeout
+
+
+async def test_a_stage_on_a_thread_of_its_own_answers_through_the_actor_without_the_loop(
+        counter: tuple[Any, asyncio.Event]) -> None:
+    proxy, _ = counter
+    gate = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = asyncio.ensure_future(call(proxy.add_in_thread(pool, gate, 1), 5))
+        second = asyncio.ensure_future(call(proxy.add_in_thread(pool, gate, 10), 5))
+        failing = asyncio.ensure_future(call(proxy.add_in_thread(pool, gate, -1), 5))
+        await asyncio.sleep(0.1)
+        # The first waits on its thread; the actor answers meanwhile and the others wait their turn.
+        assert await call(proxy.peek(), 1) == (0, True)
+        assert await call(proxy.log, 1) == ["start 1"]
+        gate.set()
+        assert await first == 1 and await second == 11
+        with pytest.raises(Conflict):  # the thread's error is raised in the handler, which decides
+            await failing
+    assert await call(proxy.log, 1) == ["start 1", "end 1", "start 10", "end 10", "start -1", "failed -1"]
+    assert await call(proxy.peek(), 1) == (11, False)

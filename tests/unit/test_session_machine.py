@@ -62,6 +62,13 @@ class StallingSessions(Sessions):
         await self._gate(session_id, "transition")
         return await super().transition(session_id, *args, **kwargs)
 
+    def transition_soon(self, session_id: str, *args: Any, **kwargs: Any) -> Any:
+        # A stalled session's transition waits on the loop; the others take the writer thread as in
+        # the server, so both ways the actor can be told an outcome are exercised.
+        if (session_id, "transition") in self.gates:
+            return self.transition(session_id, *args, **kwargs)
+        return super().transition_soon(session_id, *args, **kwargs)
+
     async def all_message_contents(self, session_id: str) -> list[dict[str, Any]]:
         await self._gate(session_id, "all_message_contents")
         return await super().all_message_contents(session_id)
