@@ -14,7 +14,7 @@ import pytest
 
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
-from ashd.errors import CapacityError, StorageFull
+from ashd.errors import CapacityError, PayloadTooLarge, SandboxError, StorageError, StorageFull
 from ashd.sandboxing._types import SandboxSpec
 from tests.fixtures.plain_launcher import PlainLauncher
 from tests.fixtures.sandboxes import wait_for
@@ -29,6 +29,8 @@ class Pool:
     def __init__(self, launcher: PlainLauncher, config: PoolConfig) -> None:
         self.launcher = launcher
         self.full_disk = False  # snapshots fail with StorageFull while set
+        self.snapshot_error: Exception | None = None  # any other snapshot failure, while set
+        self.refused: list[str] = []  # sessions whose snapshot the full disk refused
         self.lost: queue.Queue[SandboxLost] = queue.Queue()
         self.log: list[tuple[str, str]] = []
         self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost)
@@ -40,7 +42,10 @@ class Pool:
     def _snapshot(self, session_id: str, workspace: Path) -> None:
         assert workspace.is_dir()
         if self.full_disk:
+            self.refused.append(session_id)
             raise StorageFull(f"the snapshot of session {session_id} does not fit on the data disk")
+        if self.snapshot_error is not None:
+            raise self.snapshot_error
         self.log.append(("snapshot", session_id))
 
     def _on_lost(self, lost: SandboxLost) -> None:
@@ -69,7 +74,10 @@ class Pool:
         self.actor.mark_waiting(handle.sandbox_id).get(timeout=ASK)
 
     def alive(self, handle: SandboxHandle) -> bool:
-        return bool(self.actor.is_alive(handle.sandbox_id).get(timeout=ASK))
+        return self.alive_id(handle.sandbox_id)
+
+    def alive_id(self, sandbox_id: str) -> bool:
+        return bool(self.actor.is_alive(sandbox_id).get(timeout=ASK))
 
     def next_loss(self) -> SandboxLost:
         return self.lost.get(timeout=30)
@@ -80,8 +88,9 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
     launcher = PlainLauncher(short_tmp)
     made: list[Pool] = []
 
-    def make(disk_quota: bool = False, **config: Any) -> Pool:
+    def make(disk_quota: bool = False, launch_failure: Exception | None = None, **config: Any) -> Pool:
         launcher.disk_quota = disk_quota
+        launcher.failure = launch_failure
         values: dict[str, Any] = {"max_capacity": 4, "prewarm": 0, "idle_timeout": 3600.0, "shutdown_grace": 1.0}
         values.update(config)
         pool = Pool(launcher, PoolConfig(**values))
@@ -101,6 +110,8 @@ def test_states_from_prewarm_to_release(make_pool: Callable[..., Pool]) -> None:
     handle = pool.claim("t", "s1")
     assert handle.prewarmed
     pool.wait_counts({"waiting": 1, "warm": 1})  # claimed; a new spare replaces it
+    stats = pool.actor.stats().get(timeout=ASK)
+    assert (stats["preWarmHits"], stats["maxCapacity"], stats["total"]) == (1, 4, 2)
     pool.ready(handle)
     assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is True
     assert pool.counts() == {"running": 1, "warm": 1}
@@ -133,6 +144,7 @@ def test_eviction_takes_the_least_recently_active_session(make_pool: Callable[..
     pool.claim("t", "third")
     lost = pool.next_loss()
     assert (lost.session_id, lost.reason) == ("newer", LossReason.EVICTED)
+    assert lost.detail == "evicted to make room for another session"  # the session's lifecycle event says so
     assert pool.log == [("snapshot", "newer"), ("lost", "newer")]  # snapshot first: nothing lost
     assert pool.alive(older)
     assert not pool.alive(newer)
@@ -211,7 +223,7 @@ def test_the_idle_sweep_spares_a_running_turn(make_pool: Callable[..., Pool]) ->
     assert pool.counts() == {"running": 1}
     pool.actor.mark_waiting(busy.sandbox_id).get(timeout=ASK)  # the turn ends: the clock restarts
     lost = pool.next_loss()
-    assert (lost.session_id, lost.reason) == ("busy", LossReason.IDLE)
+    assert (lost.session_id, lost.reason, lost.detail) == ("busy", LossReason.IDLE, "idle timeout")
     pool.wait_counts({})
 
 
@@ -360,3 +372,146 @@ def test_a_full_disk_keeps_a_session_sandbox_rather_than_lose_its_workspace(make
     pool.claim("t", "s3", network=True)  # space is back: it is snapshotted, then evicted
     assert pool.next_loss().session_id == "s1"
     assert pool.log == [("snapshot", "s1"), ("lost", "s1")]
+
+
+def test_a_full_disk_is_not_retried_at_every_sweep(make_pool: Callable[..., Pool]) -> None:
+    """A refused snapshot is tried again a minute later, not every few seconds: each try copies the
+    whole workspace onto a disk that is full."""
+    pool = make_pool(idle_timeout=0.1, sweep_interval=3600.0)  # sweeps when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.full_disk = True
+
+    def swept() -> bool:
+        pool.actor.sweep().get(timeout=ASK)
+        return pool.refused != []
+
+    wait_for(swept, 30, "a sweep trying the idle sandbox's snapshot")
+    pool.full_disk = False
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.refused == ["s1"] and pool.log == []
+    assert pool.alive(handle) and pool.lost.empty()
+
+
+@pytest.mark.parametrize("error", [
+    PayloadTooLarge("the workspace holds more than SERVICE_SNAPSHOT_MAX_MB"),
+    StorageError("cannot store snapshot"),
+    OSError(5, "Input/output error"),
+], ids=["over-the-limit", "store-error", "os-error"])
+def test_a_snapshot_failing_otherwise_than_for_a_full_disk_does_not_block_eviction(
+        make_pool: Callable[..., Pool], error: Exception) -> None:
+    """Only a full disk keeps a sandbox (its workspace would be lost for good); a snapshot that
+    fails for any other reason leaves the previous snapshot, and capacity is still made."""
+    pool = make_pool(max_capacity=1)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.snapshot_error = error
+    pool.claim("t", "s2", network=True)
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("s1", LossReason.EVICTED)
+    assert not pool.alive(handle)
+    assert pool.counts() == {"warming": 1}
+
+
+def test_the_idle_sweep_goes_ahead_when_a_snapshot_fails_otherwise(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(idle_timeout=0.0, sweep_interval=3600.0)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.snapshot_error = OSError(5, "Input/output error")
+    pool.actor.sweep().get(timeout=ASK)
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason, lost.detail) == ("s1", LossReason.IDLE, "idle timeout")
+    assert pool.counts() == {}
+
+
+def test_a_session_is_told_when_the_sandbox_it_took_over_never_comes_up(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, sweep_interval=3600.0)  # no sweep: the readiness probe notices
+    pool.launcher.hold()
+    pool.wait_counts({"warming": 1})
+    handle = pool.claim("t", "s1")  # takes over the spare still warming
+    assert not handle.prewarmed
+    pool.launcher.procs[handle.sandbox_id].popen.kill()  # dies before its bridge is up
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.sandbox_id, lost.reason) == ("s1", handle.sandbox_id, LossReason.EXITED)
+    assert lost.detail == "the sandbox's bridge did not start"
+    wait_for(lambda: handle.sandbox_id in pool.launcher.destroyed, 30, "its sandbox destroyed")
+    assert not pool.alive(handle)
+    pool.launcher.release_all()
+    pool.wait_counts({"warm": 1})  # the spare taken meanwhile is ready for the next session
+
+
+def test_a_spare_whose_bridge_never_comes_up_is_replaced(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, ready_timeout=0.3)
+    pool.launcher.hold()  # no bridge binds its socket: every spare times out
+    wait_for(lambda: pool.launcher.destroyed != [], 30, "the first spare given up")
+    given_up = pool.launcher.destroyed[0]
+    pool.launcher.release_all()
+    pool.wait_counts({"warm": 1})  # another took its place without any claim asking
+    assert not pool.alive_id(given_up)
+    assert pool.lost.empty()  # nobody's sandbox: no session is told
+
+
+def test_a_dead_spare_is_replaced_and_no_session_is_told(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, sweep_interval=3600.0)  # sweeps when told
+    pool.wait_counts({"warm": 1})
+    (spare,) = pool.launcher.procs
+    pool.launcher.procs[spare].popen.kill()
+    pool.launcher.procs[spare].popen.wait()
+    pool.actor.sweep().get(timeout=ASK)
+    pool.wait_counts({"warm": 1})
+    assert len(pool.launcher.procs) == 2 and not pool.alive_id(spare)
+    wait_for(lambda: spare in pool.launcher.destroyed, 30, "the dead spare cleaned up")
+    assert pool.lost.empty()
+
+
+def test_a_turn_never_starts_in_a_sandbox_that_died(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=3600.0)  # before any sweep has noticed
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.procs[handle.sandbox_id].popen.kill()
+    pool.launcher.procs[handle.sandbox_id].popen.wait()
+    assert pool.alive(handle) is False
+    assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is False  # the session resumes cold
+
+
+def test_spares_never_take_more_than_the_capacity(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=2, prewarm=3)
+    pool.wait_counts({"warm": 2})
+    handle = pool.claim("t", "s1")  # a spare taken: no room for another
+    assert handle.prewarmed
+    pool.ready(handle)
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    pool.actor.release(handle.sandbox_id, True).get(timeout=ASK)  # room again: refilled at once
+    pool.wait_counts({"warm": 2})
+
+
+def test_a_sandbox_that_cannot_be_started_is_refused_without_host_details(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(launch_failure=OSError(2, "No such file or directory", "/srv/host/secret"))
+    with pytest.raises(SandboxError) as refused:
+        pool.claim("t", "s1", network=True)
+    # A 500 that names the failure's kind; the host path is for the server log only.
+    assert refused.value.status_code == 500
+    assert "FileNotFoundError" in refused.value.message and "/srv" not in refused.value.message
+    assert pool.counts() == {}
+    pool.launcher.failure = CapacityError("no room on the data disk for the sandbox's disk image")
+    with pytest.raises(CapacityError) as full:  # said as it is: 503, retry later
+        pool.claim("t", "s2", network=True)
+    assert full.value.message == "no room on the data disk for the sandbox's disk image"
+    assert pool.counts() == {}
+    wait_for(lambda: len(pool.launcher.destroyed) == 2, 30, "both half-made sandboxes cleaned up")
+    pool.launcher.failure = None
+    pool.ready(pool.claim("t", "s3", network=True))
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_spare_that_cannot_be_started_is_dropped(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, launch_failure=OSError(28, "No space left on device"))
+    wait_for(lambda: pool.launcher.destroyed != [], 30, "the failed spare cleaned up")
+    assert pool.counts() == {} and pool.launcher.launches == 1  # not retried in a loop
+    pool.launcher.failure = None
+    handle = pool.claim("t", "s1")  # launched for the claim
+    assert not handle.prewarmed
+    pool.ready(handle)
+    assert pool.counts() == {"waiting": 1}
+    pool.actor.release(handle.sandbox_id).get(timeout=ASK)  # a release tries the spare again
+    pool.wait_counts({"warm": 1})
