@@ -5,6 +5,7 @@ losses told to the session side, and which sandbox each claim gets."""
 
 from __future__ import annotations
 
+import logging
 import queue
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -515,3 +516,22 @@ def test_a_spare_that_cannot_be_started_is_dropped(make_pool: Callable[..., Pool
     assert pool.counts() == {"waiting": 1}
     pool.actor.release(handle.sandbox_id).get(timeout=ASK)  # a release tries the spare again
     pool.wait_counts({"warm": 1})
+
+
+def test_a_sandbox_that_cannot_be_cleaned_up_is_logged_and_the_pool_carries_on(
+        make_pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's only sign of leftover sandbox directories is this log line."""
+    pool = make_pool()
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.destroy_failure = OSError(16, "Device or resource busy")
+    with caplog.at_level(logging.ERROR, logger="ashd.actors._pool"):
+        pool.actor.release(handle.sandbox_id).get(timeout=ASK)
+        wait_for(lambda: any(r.getMessage() == "sandbox destroy failed" for r in caplog.records), 30,
+                 "the failed destroy logged")
+    record = next(r for r in caplog.records if r.getMessage() == "sandbox destroy failed")
+    assert getattr(record, "sandboxId", None) == handle.sandbox_id and record.exc_info is not None
+    assert pool.launcher.procs[handle.sandbox_id].poll() is not None  # its process is gone all the same
+    pool.launcher.destroy_failure = None
+    pool.ready(pool.claim("t", "s2"))
+    assert pool.counts() == {"waiting": 1}
