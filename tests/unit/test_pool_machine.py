@@ -99,6 +99,7 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
         return pool
 
     yield make
+    launcher.launch_gate.set()  # a pool stops only once the launches it started have returned
     for pool in made:
         if pool.ref.is_alive():
             pool.ref.stop(block=True, timeout=60)
@@ -535,3 +536,17 @@ def test_a_sandbox_that_cannot_be_cleaned_up_is_logged_and_the_pool_carries_on(
     pool.launcher.destroy_failure = None
     pool.ready(pool.claim("t", "s2"))
     assert pool.counts() == {"waiting": 1}
+
+
+def test_a_spare_still_being_launched_counts_as_a_spare(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    pool.launcher.launch_gate.clear()  # the next spare's launch takes long (disk image, exec)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.wait_counts({"waiting": 1, "cold": 1})
+    pool.actor.release(handle.sandbox_id).get(timeout=ASK)  # a refill: the cold one is the spare
+    assert pool.counts() == {"cold": 1}
+    pool.launcher.launch_gate.set()
+    pool.wait_counts({"warm": 1})
+    assert len(pool.launcher.procs) == 2  # the first spare and its one replacement
