@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -282,8 +283,9 @@ def test_a_claimed_sandbox_stays_its_sessions_when_its_bridge_comes_up(make_pool
     pool = make_pool(max_capacity=3, prewarm=1)
     pool.launcher.hold()
     pool.wait_counts({"warming": 1})
-    taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming
-    assert not taken.prewarmed
+    (spare,) = pool.launcher.procs
+    taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming rather than launch another
+    assert not taken.prewarmed and taken.sandbox_id == spare
     pool.launcher.release_all()  # its bridge comes up: it is A's, not a warm spare for anyone
     pool.wait_counts({"warming": 1, "warm": 1})  # A's, still being configured; a new spare
     other = pool.claim("tenant-b", "b1")
@@ -550,3 +552,40 @@ def test_a_spare_still_being_launched_counts_as_a_spare(make_pool: Callable[...,
     pool.launcher.launch_gate.set()
     pool.wait_counts({"warm": 1})
     assert len(pool.launcher.procs) == 2  # the first spare and its one replacement
+
+
+def test_a_spare_still_warming_is_not_taken_over_for_another_disk_size(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(disk_quota=True, prewarm=1)
+    pool.launcher.hold()
+    pool.wait_counts({"warming": 1})
+    (spare,) = pool.launcher.procs
+    big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * 1024 * 1024).get(timeout=ASK)
+    assert big.sandbox_id != spare and big.disk_bytes == 300 * 1024 * 1024
+    pool.launcher.release_all()
+
+
+def test_the_sweep_leaves_a_spare_being_launched_alone(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, idle_timeout=0.0, sweep_interval=3600.0)  # sweeps when told
+    pool.launcher.launch_gate.clear()
+    pool.wait_counts({"cold": 1})
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.counts() == {"cold": 1} and pool.lost.empty()
+    pool.launcher.launch_gate.set()
+    pool.wait_counts({"warm": 1})
+
+
+def test_stopping_the_pool_while_a_spare_is_launched_leaves_no_process_behind(
+        make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1)
+    pool.launcher.launch_gate.clear()
+    pool.wait_counts({"cold": 1})
+    wait_for(lambda: pool.launcher.launches == 1, 30, "the spare's launch under way")
+    stopper = threading.Thread(target=pool.ref.stop, kwargs={"block": True, "timeout": 60})
+    stopper.start()
+    wait_for(lambda: not pool.ref.is_alive(), 30, "the pool stopping")
+    pool.launcher.launch_gate.set()  # the launch finishes after the pool has let the spare go
+    stopper.join(60)
+    assert not stopper.is_alive()
+    (proc,) = pool.launcher.procs.values()
+    assert proc.poll() is not None  # stopped by the pool, not left running
+    assert list(pool.launcher.procs) == pool.launcher.destroyed
