@@ -589,3 +589,25 @@ def test_stopping_the_pool_while_a_spare_is_launched_leaves_no_process_behind(
     (proc,) = pool.launcher.procs.values()
     assert proc.poll() is not None  # stopped by the pool, not left running
     assert list(pool.launcher.procs) == pool.launcher.destroyed
+
+
+def test_a_spare_still_being_launched_is_evicted_first_and_stopped(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1, prewarm=1)
+    pool.launcher.launch_gate.clear()
+    pool.wait_counts({"cold": 1})
+    wait_for(lambda: pool.launcher.launches == 1, 30, "the spare's launch under way")
+    claimed: list[SandboxHandle] = []
+    # The claim's own launch waits at the gate too: it runs beside the test.
+    claimer = threading.Thread(target=lambda: claimed.append(pool.claim("t", "s1", network=True)))
+    claimer.start()
+    wait_for(lambda: pool.launcher.launches == 2, 30, "the claim's launch under way")
+    pool.launcher.launch_gate.set()
+    claimer.join(60)
+    (handle,) = claimed
+    wait_for(lambda: len(pool.launcher.procs) == 2, 30, "the spare's launch returned")
+    (spare,) = (sid for sid in pool.launcher.procs if sid != handle.sandbox_id)
+    wait_for(lambda: spare in pool.launcher.destroyed, 30, "the evicted spare destroyed once launched")
+    assert pool.launcher.procs[spare].poll() is not None  # its process did not outlive the eviction
+    assert pool.counts() == {"warming": 1} and pool.lost.empty()
+    pool.ready(handle)
+    assert pool.counts() == {"waiting": 1}
