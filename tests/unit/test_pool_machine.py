@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
 from ashd.errors import CapacityError, PayloadTooLarge, SandboxError, StorageError, StorageFull
@@ -611,3 +612,24 @@ def test_a_spare_still_being_launched_is_evicted_first_and_stopped(make_pool: Ca
     assert pool.counts() == {"warming": 1} and pool.lost.empty()
     pool.ready(handle)
     assert pool.counts() == {"waiting": 1}
+
+
+def test_a_sandbox_kept_for_a_full_disk_is_tried_again_once_the_wait_is_over(
+        make_pool: Callable[..., Pool], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wait (a minute) shortened to nothing: the next sweep after the refusal tries again.
+    monkeypatch.setattr(pool_module, "_FULL_DISK_RETRY", 0.0)
+    pool = make_pool(idle_timeout=1.0, sweep_interval=3600.0)  # sweeps when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.full_disk = True
+
+    def swept() -> bool:
+        pool.actor.sweep().get(timeout=ASK)
+        return pool.refused != []
+
+    wait_for(swept, 30, "a sweep trying the idle sandbox's snapshot")
+    pool.full_disk = False
+    pool.actor.sweep().get(timeout=ASK)  # not another idle timeout later: at once
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("s1", LossReason.IDLE)
+    assert pool.log == [("snapshot", "s1"), ("lost", "s1")]
