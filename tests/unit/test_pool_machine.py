@@ -5,6 +5,7 @@ losses told to the session side, and which sandbox each claim gets."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -17,6 +18,7 @@ import pytest
 from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
+from ashd.actors._warmer import Warmer
 from ashd.errors import CapacityError, PayloadTooLarge, SandboxError, StorageError, StorageFull
 from ashd.sandboxing._types import SandboxSpec
 from tests.fixtures.plain_launcher import PlainLauncher
@@ -29,14 +31,14 @@ ASK = 30.0
 class Pool:
     """A started PoolActor and what it told the outside (losses, snapshots), in order."""
 
-    def __init__(self, launcher: PlainLauncher, config: PoolConfig) -> None:
+    def __init__(self, launcher: PlainLauncher, config: PoolConfig, warmer: Warmer | None = None) -> None:
         self.launcher = launcher
         self.full_disk = False  # snapshots fail with StorageFull while set
         self.snapshot_error: Exception | None = None  # any other snapshot failure, while set
         self.refused: list[str] = []  # sessions whose snapshot the full disk refused
         self.lost: queue.Queue[SandboxLost] = queue.Queue()
         self.log: list[tuple[str, str]] = []
-        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost)
+        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost, warmer)
         self.actor = self.ref.proxy()
 
     def _spec(self, sandbox_id: str, network: bool) -> SandboxSpec:
@@ -91,12 +93,14 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
     launcher = PlainLauncher(short_tmp)
     made: list[Pool] = []
 
-    def make(disk_quota: bool = False, launch_failure: Exception | None = None, **config: Any) -> Pool:
+    def make(disk_quota: bool = False, launch_failure: Exception | None = None, bridge: bool = False,
+             warmer: Warmer | None = None, **config: Any) -> Pool:
         launcher.disk_quota = disk_quota
         launcher.failure = launch_failure
+        launcher.bridge = bridge
         values: dict[str, Any] = {"max_capacity": 4, "prewarm": 0, "idle_timeout": 3600.0, "shutdown_grace": 1.0}
         values.update(config)
-        pool = Pool(launcher, PoolConfig(**values))
+        pool = Pool(launcher, PoolConfig(**values), warmer)
         made.append(pool)
         return pool
 
@@ -633,3 +637,37 @@ def test_a_sandbox_kept_for_a_full_disk_is_tried_again_once_the_wait_is_over(
     lost = pool.next_loss()
     assert (lost.session_id, lost.reason) == ("s1", LossReason.IDLE)
     assert pool.log == [("snapshot", "s1"), ("lost", "s1")]
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    """The server's event loop, where the warmer keeps its bridge connections."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(30)
+    loop.close()
+
+
+def _held_by(warmer: Warmer, loop: asyncio.AbstractEventLoop, sandbox_id: str) -> asyncio.Task[Any] | None:
+    """What a claimer of this sandbox would get from the warmer (asked on the loop, after what the
+    pool told it before)."""
+    async def take() -> asyncio.Task[Any] | None:
+        return warmer.take(sandbox_id)
+
+    return asyncio.run_coroutine_threadsafe(take(), loop).result(ASK)
+
+
+def test_a_spare_destroyed_unclaimed_gives_up_its_warm_bridge_connection(
+        loop_thread: asyncio.AbstractEventLoop, make_pool: Callable[..., Pool]) -> None:
+    """Each warm spare holds a connection to its bridge (and a model-proxy socket); one evicted or
+    stopped before any session took it must not keep them open for the life of the server."""
+    warmer = Warmer(loop_thread, None, ASK)
+    pool = make_pool(max_capacity=1, prewarm=1, bridge=True, warmer=warmer)
+    pool.wait_counts({"warm": 1})
+    (spare,) = pool.launcher.procs
+    pool.claim("t", "s1", network=True)  # capacity 1: the spare makes room
+    wait_for(lambda: spare in pool.launcher.destroyed, 30, "the spare destroyed")
+    assert _held_by(warmer, loop_thread, spare) is None
