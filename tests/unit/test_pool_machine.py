@@ -671,3 +671,16 @@ def test_a_spare_destroyed_unclaimed_gives_up_its_warm_bridge_connection(
     pool.claim("t", "s1", network=True)  # capacity 1: the spare makes room
     wait_for(lambda: spare in pool.launcher.destroyed, 30, "the spare destroyed")
     assert _held_by(warmer, loop_thread, spare) is None
+
+
+def test_a_warm_spare_of_another_disk_size_is_not_handed_out(make_pool: Callable[..., Pool]) -> None:
+    """With disk quotas a mounted disk cannot be resized: a smaller size than the spare's would
+    silently get more disk, a larger one less than asked."""
+    mib = 1024 * 1024
+    pool = make_pool(disk_quota=True, prewarm=1)
+    pool.wait_counts({"warm": 1})
+    (spare,) = pool.launcher.procs
+    for size in (300 * mib, 4096 * mib):
+        handle: SandboxHandle = pool.actor.claim("t", f"s{size}", False, "default", size).get(timeout=ASK)
+        assert not handle.prewarmed and handle.sandbox_id != spare and handle.disk_bytes == size
+    assert pool.counts() == {"warm": 1, "warming": 2}
