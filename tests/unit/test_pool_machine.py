@@ -94,7 +94,13 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
     made: list[Pool] = []
 
     def make(disk_quota: bool = False, launch_failure: Exception | None = None, bridge: bool = False,
-             warmer: Warmer | None = None, **config: Any) -> Pool:
+             warmer: Warmer | None = None, hold_launches: bool = False,
+             hold_bridges: bool = False, **config: Any) -> Pool:
+        # Before the pool starts: its first spares are launched at once.
+        if hold_launches:
+            launcher.launch_gate.clear()
+        if hold_bridges:
+            launcher.hold()
         launcher.disk_quota = disk_quota
         launcher.failure = launch_failure
         launcher.bridge = bridge
@@ -178,8 +184,7 @@ def test_eviction_order_spare_before_session_and_never_a_running_turn(make_pool:
 
 
 def test_a_spare_still_warming_is_evicted_before_refusing(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=1, prewarm=1)
-    pool.launcher.hold()  # the spare's bridge never comes up while held
+    pool = make_pool(max_capacity=1, prewarm=1, hold_bridges=True)  # the spare's bridge never comes up while held
     pool.wait_counts({"warming": 1})
     handle = pool.claim("t", "s1", network=True)  # capacity 1: only the spare can make room
     pool.launcher.release_all()
@@ -285,8 +290,7 @@ def test_a_sandbox_idle_less_than_the_timeout_is_kept(make_pool: Callable[..., P
 
 
 def test_a_claimed_sandbox_stays_its_sessions_when_its_bridge_comes_up(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=3, prewarm=1)
-    pool.launcher.hold()
+    pool = make_pool(max_capacity=3, prewarm=1, hold_bridges=True)
     pool.wait_counts({"warming": 1})
     (spare,) = pool.launcher.procs
     taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming rather than launch another
@@ -336,8 +340,7 @@ def test_stopping_the_pool_destroys_every_sandbox(make_pool: Callable[..., Pool]
 
 def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
         make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=4, prewarm=1)
-    pool.launcher.hold()  # no bridge comes up: everything stays warming
+    pool = make_pool(max_capacity=4, prewarm=1, hold_bridges=True)  # no bridge comes up: everything stays warming
     pool.wait_counts({"warming": 1})
     taken = pool.claim("tenant-a", "a1")  # takes over the generic spare
     pool.wait_counts({"warming": 2})  # A's, and a new spare
@@ -434,8 +437,7 @@ def test_the_idle_sweep_goes_ahead_when_a_snapshot_fails_otherwise(make_pool: Ca
 
 
 def test_a_session_is_told_when_the_sandbox_it_took_over_never_comes_up(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(prewarm=1, sweep_interval=3600.0)  # no sweep: the readiness probe notices
-    pool.launcher.hold()
+    pool = make_pool(prewarm=1, sweep_interval=3600.0, hold_bridges=True)  # no sweep: the readiness probe notices
     pool.wait_counts({"warming": 1})
     handle = pool.claim("t", "s1")  # takes over the spare still warming
     assert not handle.prewarmed
@@ -450,8 +452,7 @@ def test_a_session_is_told_when_the_sandbox_it_took_over_never_comes_up(make_poo
 
 
 def test_a_spare_whose_bridge_never_comes_up_is_replaced(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(prewarm=1, ready_timeout=0.3)
-    pool.launcher.hold()  # no bridge binds its socket: every spare times out
+    pool = make_pool(prewarm=1, ready_timeout=0.3, hold_bridges=True)  # no bridge binds its socket: every spare times out
     wait_for(lambda: pool.launcher.destroyed != [], 30, "the first spare given up")
     given_up = pool.launcher.destroyed[0]
     pool.launcher.release_all()
@@ -560,8 +561,7 @@ def test_a_spare_still_being_launched_counts_as_a_spare(make_pool: Callable[...,
 
 
 def test_a_spare_still_warming_is_not_taken_over_for_another_disk_size(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(disk_quota=True, prewarm=1)
-    pool.launcher.hold()
+    pool = make_pool(disk_quota=True, prewarm=1, hold_bridges=True)
     pool.wait_counts({"warming": 1})
     (spare,) = pool.launcher.procs
     big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * 1024 * 1024).get(timeout=ASK)
@@ -570,8 +570,7 @@ def test_a_spare_still_warming_is_not_taken_over_for_another_disk_size(make_pool
 
 
 def test_the_sweep_leaves_a_spare_being_launched_alone(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(prewarm=1, idle_timeout=0.0, sweep_interval=3600.0)  # sweeps when told
-    pool.launcher.launch_gate.clear()
+    pool = make_pool(prewarm=1, idle_timeout=0.0, sweep_interval=3600.0, hold_launches=True)  # sweeps when told
     pool.wait_counts({"cold": 1})
     pool.actor.sweep().get(timeout=ASK)
     assert pool.counts() == {"cold": 1} and pool.lost.empty()
@@ -581,8 +580,7 @@ def test_the_sweep_leaves_a_spare_being_launched_alone(make_pool: Callable[..., 
 
 def test_stopping_the_pool_while_a_spare_is_launched_leaves_no_process_behind(
         make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(prewarm=1)
-    pool.launcher.launch_gate.clear()
+    pool = make_pool(prewarm=1, hold_launches=True)
     pool.wait_counts({"cold": 1})
     wait_for(lambda: pool.launcher.launches == 1, 30, "the spare's launch under way")
     stopper = threading.Thread(target=pool.ref.stop, kwargs={"block": True, "timeout": 60})
@@ -597,8 +595,7 @@ def test_stopping_the_pool_while_a_spare_is_launched_leaves_no_process_behind(
 
 
 def test_a_spare_still_being_launched_is_evicted_first_and_stopped(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=1, prewarm=1)
-    pool.launcher.launch_gate.clear()
+    pool = make_pool(max_capacity=1, prewarm=1, hold_launches=True)
     pool.wait_counts({"cold": 1})
     wait_for(lambda: pool.launcher.launches == 1, 30, "the spare's launch under way")
     claimed: list[SandboxHandle] = []
