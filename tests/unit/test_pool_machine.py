@@ -5,16 +5,21 @@ losses told to the session side, and which sandbox each claim gets."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import queue
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
-from ashd.errors import CapacityError, StorageFull
+from ashd.actors._warmer import Warmer
+from ashd.errors import CapacityError, PayloadTooLarge, SandboxError, StorageError, StorageFull
 from ashd.sandboxing._types import SandboxSpec
 from tests.fixtures.plain_launcher import PlainLauncher
 from tests.fixtures.sandboxes import wait_for
@@ -26,12 +31,14 @@ ASK = 30.0
 class Pool:
     """A started PoolActor and what it told the outside (losses, snapshots), in order."""
 
-    def __init__(self, launcher: PlainLauncher, config: PoolConfig) -> None:
+    def __init__(self, launcher: PlainLauncher, config: PoolConfig, warmer: Warmer | None = None) -> None:
         self.launcher = launcher
         self.full_disk = False  # snapshots fail with StorageFull while set
+        self.snapshot_error: Exception | None = None  # any other snapshot failure, while set
+        self.refused: list[str] = []  # sessions whose snapshot the full disk refused
         self.lost: queue.Queue[SandboxLost] = queue.Queue()
         self.log: list[tuple[str, str]] = []
-        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost)
+        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost, warmer)
         self.actor = self.ref.proxy()
 
     def _spec(self, sandbox_id: str, network: bool) -> SandboxSpec:
@@ -40,7 +47,10 @@ class Pool:
     def _snapshot(self, session_id: str, workspace: Path) -> None:
         assert workspace.is_dir()
         if self.full_disk:
+            self.refused.append(session_id)
             raise StorageFull(f"the snapshot of session {session_id} does not fit on the data disk")
+        if self.snapshot_error is not None:
+            raise self.snapshot_error
         self.log.append(("snapshot", session_id))
 
     def _on_lost(self, lost: SandboxLost) -> None:
@@ -69,7 +79,10 @@ class Pool:
         self.actor.mark_waiting(handle.sandbox_id).get(timeout=ASK)
 
     def alive(self, handle: SandboxHandle) -> bool:
-        return bool(self.actor.is_alive(handle.sandbox_id).get(timeout=ASK))
+        return self.alive_id(handle.sandbox_id)
+
+    def alive_id(self, sandbox_id: str) -> bool:
+        return bool(self.actor.is_alive(sandbox_id).get(timeout=ASK))
 
     def next_loss(self) -> SandboxLost:
         return self.lost.get(timeout=30)
@@ -80,15 +93,25 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
     launcher = PlainLauncher(short_tmp)
     made: list[Pool] = []
 
-    def make(disk_quota: bool = False, **config: Any) -> Pool:
+    def make(disk_quota: bool = False, launch_failure: Exception | None = None, bridge: bool = False,
+             warmer: Warmer | None = None, hold_launches: bool = False,
+             hold_bridges: bool = False, **config: Any) -> Pool:
+        # Before the pool starts: its first spares are launched at once.
+        if hold_launches:
+            launcher.launch_gate.clear()
+        if hold_bridges:
+            launcher.hold()
         launcher.disk_quota = disk_quota
+        launcher.failure = launch_failure
+        launcher.bridge = bridge
         values: dict[str, Any] = {"max_capacity": 4, "prewarm": 0, "idle_timeout": 3600.0, "shutdown_grace": 1.0}
         values.update(config)
-        pool = Pool(launcher, PoolConfig(**values))
+        pool = Pool(launcher, PoolConfig(**values), warmer)
         made.append(pool)
         return pool
 
     yield make
+    launcher.launch_gate.set()  # a pool stops only once the launches it started have returned
     for pool in made:
         if pool.ref.is_alive():
             pool.ref.stop(block=True, timeout=60)
@@ -101,6 +124,8 @@ def test_states_from_prewarm_to_release(make_pool: Callable[..., Pool]) -> None:
     handle = pool.claim("t", "s1")
     assert handle.prewarmed
     pool.wait_counts({"waiting": 1, "warm": 1})  # claimed; a new spare replaces it
+    stats = pool.actor.stats().get(timeout=ASK)
+    assert (stats["preWarmHits"], stats["maxCapacity"], stats["total"]) == (1, 4, 2)
     pool.ready(handle)
     assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is True
     assert pool.counts() == {"running": 1, "warm": 1}
@@ -133,6 +158,7 @@ def test_eviction_takes_the_least_recently_active_session(make_pool: Callable[..
     pool.claim("t", "third")
     lost = pool.next_loss()
     assert (lost.session_id, lost.reason) == ("newer", LossReason.EVICTED)
+    assert lost.detail == "evicted to make room for another session"  # the session's lifecycle event says so
     assert pool.log == [("snapshot", "newer"), ("lost", "newer")]  # snapshot first: nothing lost
     assert pool.alive(older)
     assert not pool.alive(newer)
@@ -158,8 +184,7 @@ def test_eviction_order_spare_before_session_and_never_a_running_turn(make_pool:
 
 
 def test_a_spare_still_warming_is_evicted_before_refusing(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=1, prewarm=1)
-    pool.launcher.hold()  # the spare's bridge never comes up while held
+    pool = make_pool(max_capacity=1, prewarm=1, hold_bridges=True)  # the spare's bridge never comes up while held
     pool.wait_counts({"warming": 1})
     handle = pool.claim("t", "s1", network=True)  # capacity 1: only the spare can make room
     pool.launcher.release_all()
@@ -211,7 +236,7 @@ def test_the_idle_sweep_spares_a_running_turn(make_pool: Callable[..., Pool]) ->
     assert pool.counts() == {"running": 1}
     pool.actor.mark_waiting(busy.sandbox_id).get(timeout=ASK)  # the turn ends: the clock restarts
     lost = pool.next_loss()
-    assert (lost.session_id, lost.reason) == ("busy", LossReason.IDLE)
+    assert (lost.session_id, lost.reason, lost.detail) == ("busy", LossReason.IDLE, "idle timeout")
     pool.wait_counts({})
 
 
@@ -265,11 +290,11 @@ def test_a_sandbox_idle_less_than_the_timeout_is_kept(make_pool: Callable[..., P
 
 
 def test_a_claimed_sandbox_stays_its_sessions_when_its_bridge_comes_up(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=3, prewarm=1)
-    pool.launcher.hold()
+    pool = make_pool(max_capacity=3, prewarm=1, hold_bridges=True)
     pool.wait_counts({"warming": 1})
-    taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming
-    assert not taken.prewarmed
+    (spare,) = pool.launcher.procs
+    taken = pool.claim("tenant-a", "a1")  # takes over the spare still warming rather than launch another
+    assert not taken.prewarmed and taken.sandbox_id == spare
     pool.launcher.release_all()  # its bridge comes up: it is A's, not a warm spare for anyone
     pool.wait_counts({"warming": 1, "warm": 1})  # A's, still being configured; a new spare
     other = pool.claim("tenant-b", "b1")
@@ -315,8 +340,7 @@ def test_stopping_the_pool_destroys_every_sandbox(make_pool: Callable[..., Pool]
 
 def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
         make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(max_capacity=4, prewarm=1)
-    pool.launcher.hold()  # no bridge comes up: everything stays warming
+    pool = make_pool(max_capacity=4, prewarm=1, hold_bridges=True)  # no bridge comes up: everything stays warming
     pool.wait_counts({"warming": 1})
     taken = pool.claim("tenant-a", "a1")  # takes over the generic spare
     pool.wait_counts({"warming": 2})  # A's, and a new spare
@@ -360,3 +384,300 @@ def test_a_full_disk_keeps_a_session_sandbox_rather_than_lose_its_workspace(make
     pool.claim("t", "s3", network=True)  # space is back: it is snapshotted, then evicted
     assert pool.next_loss().session_id == "s1"
     assert pool.log == [("snapshot", "s1"), ("lost", "s1")]
+
+
+def test_a_full_disk_is_not_retried_at_every_sweep(make_pool: Callable[..., Pool]) -> None:
+    """A refused snapshot is tried again a minute later, not every few seconds: each try copies the
+    whole workspace onto a disk that is full."""
+    pool = make_pool(idle_timeout=0.1, sweep_interval=3600.0)  # sweeps when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.full_disk = True
+
+    def swept() -> bool:
+        pool.actor.sweep().get(timeout=ASK)
+        return pool.refused != []
+
+    wait_for(swept, 30, "a sweep trying the idle sandbox's snapshot")
+    pool.full_disk = False
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.refused == ["s1"] and pool.log == []
+    assert pool.alive(handle) and pool.lost.empty()
+
+
+@pytest.mark.parametrize("error", [
+    PayloadTooLarge("the workspace holds more than SERVICE_SNAPSHOT_MAX_MB"),
+    StorageError("cannot store snapshot"),
+    OSError(5, "Input/output error"),
+], ids=["over-the-limit", "store-error", "os-error"])
+def test_a_snapshot_failing_otherwise_than_for_a_full_disk_does_not_block_eviction(
+        make_pool: Callable[..., Pool], error: Exception) -> None:
+    """Only a full disk keeps a sandbox (its workspace would be lost for good); a snapshot that
+    fails for any other reason leaves the previous snapshot, and capacity is still made."""
+    pool = make_pool(max_capacity=1)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.snapshot_error = error
+    pool.claim("t", "s2", network=True)
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("s1", LossReason.EVICTED)
+    assert not pool.alive(handle)
+    assert pool.counts() == {"warming": 1}
+
+
+def test_the_idle_sweep_goes_ahead_when_a_snapshot_fails_otherwise(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(idle_timeout=0.0, sweep_interval=3600.0)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.snapshot_error = OSError(5, "Input/output error")
+    pool.actor.sweep().get(timeout=ASK)
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason, lost.detail) == ("s1", LossReason.IDLE, "idle timeout")
+    assert pool.counts() == {}
+
+
+def test_a_session_is_told_when_the_sandbox_it_took_over_never_comes_up(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, sweep_interval=3600.0, hold_bridges=True)  # no sweep: the readiness probe notices
+    pool.wait_counts({"warming": 1})
+    handle = pool.claim("t", "s1")  # takes over the spare still warming
+    assert not handle.prewarmed
+    pool.launcher.procs[handle.sandbox_id].popen.kill()  # dies before its bridge is up
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.sandbox_id, lost.reason) == ("s1", handle.sandbox_id, LossReason.EXITED)
+    assert lost.detail == "the sandbox's bridge did not start"
+    wait_for(lambda: handle.sandbox_id in pool.launcher.destroyed, 30, "its sandbox destroyed")
+    assert not pool.alive(handle)
+    pool.launcher.release_all()
+    pool.wait_counts({"warm": 1})  # the spare taken meanwhile is ready for the next session
+
+
+def test_a_spare_whose_bridge_never_comes_up_is_replaced(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, ready_timeout=0.3, hold_bridges=True)  # no bridge binds its socket: every spare times out
+    wait_for(lambda: pool.launcher.destroyed != [], 30, "the first spare given up")
+    given_up = pool.launcher.destroyed[0]
+    pool.launcher.release_all()
+    pool.wait_counts({"warm": 1})  # another took its place without any claim asking
+    assert not pool.alive_id(given_up)
+    assert pool.lost.empty()  # nobody's sandbox: no session is told
+
+
+def test_a_dead_spare_is_replaced_and_no_session_is_told(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, sweep_interval=3600.0)  # sweeps when told
+    pool.wait_counts({"warm": 1})
+    (spare,) = pool.launcher.procs
+    pool.launcher.procs[spare].popen.kill()
+    pool.launcher.procs[spare].popen.wait()
+    pool.actor.sweep().get(timeout=ASK)
+    pool.wait_counts({"warm": 1})
+    assert len(pool.launcher.procs) == 2 and not pool.alive_id(spare)
+    wait_for(lambda: spare in pool.launcher.destroyed, 30, "the dead spare cleaned up")
+    assert pool.lost.empty()
+
+
+def test_a_turn_never_starts_in_a_sandbox_that_died(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(sweep_interval=3600.0)  # before any sweep has noticed
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.procs[handle.sandbox_id].popen.kill()
+    pool.launcher.procs[handle.sandbox_id].popen.wait()
+    assert pool.alive(handle) is False
+    assert pool.actor.mark_running(handle.sandbox_id).get(timeout=ASK) is False  # the session resumes cold
+
+
+def test_spares_never_take_more_than_the_capacity(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=2, prewarm=3)
+    pool.wait_counts({"warm": 2})
+    handle = pool.claim("t", "s1")  # a spare taken: no room for another
+    assert handle.prewarmed
+    pool.ready(handle)
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    pool.actor.release(handle.sandbox_id, True).get(timeout=ASK)  # room again: refilled at once
+    pool.wait_counts({"warm": 2})
+
+
+def test_a_sandbox_that_cannot_be_started_is_refused_without_host_details(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(launch_failure=OSError(2, "No such file or directory", "/srv/host/secret"))
+    with pytest.raises(SandboxError) as refused:
+        pool.claim("t", "s1", network=True)
+    # A 500 that names the failure's kind; the host path is for the server log only.
+    assert refused.value.status_code == 500
+    assert "FileNotFoundError" in refused.value.message and "/srv" not in refused.value.message
+    assert pool.counts() == {}
+    pool.launcher.failure = CapacityError("no room on the data disk for the sandbox's disk image")
+    with pytest.raises(CapacityError) as full:  # said as it is: 503, retry later
+        pool.claim("t", "s2", network=True)
+    assert full.value.message == "no room on the data disk for the sandbox's disk image"
+    assert pool.counts() == {}
+    wait_for(lambda: len(pool.launcher.destroyed) == 2, 30, "both half-made sandboxes cleaned up")
+    pool.launcher.failure = None
+    pool.ready(pool.claim("t", "s3", network=True))
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_spare_that_cannot_be_started_is_dropped(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, launch_failure=OSError(28, "No space left on device"))
+    wait_for(lambda: pool.launcher.destroyed != [], 30, "the failed spare cleaned up")
+    assert pool.counts() == {} and pool.launcher.launches == 1  # not retried in a loop
+    pool.launcher.failure = None
+    handle = pool.claim("t", "s1")  # launched for the claim
+    assert not handle.prewarmed
+    pool.ready(handle)
+    assert pool.counts() == {"waiting": 1}
+    pool.actor.release(handle.sandbox_id).get(timeout=ASK)  # a release tries the spare again
+    pool.wait_counts({"warm": 1})
+
+
+def test_a_sandbox_that_cannot_be_cleaned_up_is_logged_and_the_pool_carries_on(
+        make_pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's only sign of leftover sandbox directories is this log line."""
+    pool = make_pool()
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.destroy_failure = OSError(16, "Device or resource busy")
+    with caplog.at_level(logging.ERROR, logger="ashd.actors._pool"):
+        pool.actor.release(handle.sandbox_id).get(timeout=ASK)
+        wait_for(lambda: any(r.getMessage() == "sandbox destroy failed" for r in caplog.records), 30,
+                 "the failed destroy logged")
+    record = next(r for r in caplog.records if r.getMessage() == "sandbox destroy failed")
+    assert getattr(record, "sandboxId", None) == handle.sandbox_id and record.exc_info is not None
+    assert pool.launcher.procs[handle.sandbox_id].poll() is not None  # its process is gone all the same
+    pool.launcher.destroy_failure = None
+    pool.ready(pool.claim("t", "s2"))
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_spare_still_being_launched_counts_as_a_spare(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    pool.launcher.launch_gate.clear()  # the next spare's launch takes long (disk image, exec)
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.wait_counts({"waiting": 1, "cold": 1})
+    pool.actor.release(handle.sandbox_id).get(timeout=ASK)  # a refill: the cold one is the spare
+    assert pool.counts() == {"cold": 1}
+    pool.launcher.launch_gate.set()
+    pool.wait_counts({"warm": 1})
+    assert len(pool.launcher.procs) == 2  # the first spare and its one replacement
+
+
+def test_a_spare_still_warming_is_not_taken_over_for_another_disk_size(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(disk_quota=True, prewarm=1, hold_bridges=True)
+    pool.wait_counts({"warming": 1})
+    (spare,) = pool.launcher.procs
+    big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * 1024 * 1024).get(timeout=ASK)
+    assert big.sandbox_id != spare and big.disk_bytes == 300 * 1024 * 1024
+    pool.launcher.release_all()
+
+
+def test_the_sweep_leaves_a_spare_being_launched_alone(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, idle_timeout=0.0, sweep_interval=3600.0, hold_launches=True)  # sweeps when told
+    pool.wait_counts({"cold": 1})
+    pool.actor.sweep().get(timeout=ASK)
+    assert pool.counts() == {"cold": 1} and pool.lost.empty()
+    pool.launcher.launch_gate.set()
+    pool.wait_counts({"warm": 1})
+
+
+def test_stopping_the_pool_while_a_spare_is_launched_leaves_no_process_behind(
+        make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(prewarm=1, hold_launches=True)
+    pool.wait_counts({"cold": 1})
+    wait_for(lambda: pool.launcher.launches == 1, 30, "the spare's launch under way")
+    stopper = threading.Thread(target=pool.ref.stop, kwargs={"block": True, "timeout": 60})
+    stopper.start()
+    wait_for(lambda: not pool.ref.is_alive(), 30, "the pool stopping")
+    pool.launcher.launch_gate.set()  # the launch finishes after the pool has let the spare go
+    stopper.join(60)
+    assert not stopper.is_alive()
+    (proc,) = pool.launcher.procs.values()
+    assert proc.poll() is not None  # stopped by the pool, not left running
+    assert list(pool.launcher.procs) == pool.launcher.destroyed
+
+
+def test_a_spare_still_being_launched_is_evicted_first_and_stopped(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1, prewarm=1, hold_launches=True)
+    pool.wait_counts({"cold": 1})
+    wait_for(lambda: pool.launcher.launches == 1, 30, "the spare's launch under way")
+    claimed: list[SandboxHandle] = []
+    # The claim's own launch waits at the gate too: it runs beside the test.
+    claimer = threading.Thread(target=lambda: claimed.append(pool.claim("t", "s1", network=True)))
+    claimer.start()
+    wait_for(lambda: pool.launcher.launches == 2, 30, "the claim's launch under way")
+    pool.launcher.launch_gate.set()
+    claimer.join(60)
+    (handle,) = claimed
+    wait_for(lambda: len(pool.launcher.procs) == 2, 30, "the spare's launch returned")
+    (spare,) = (sid for sid in pool.launcher.procs if sid != handle.sandbox_id)
+    wait_for(lambda: spare in pool.launcher.destroyed, 30, "the evicted spare destroyed once launched")
+    assert pool.launcher.procs[spare].poll() is not None  # its process did not outlive the eviction
+    assert pool.counts() == {"warming": 1} and pool.lost.empty()
+    pool.ready(handle)
+    assert pool.counts() == {"waiting": 1}
+
+
+def test_a_sandbox_kept_for_a_full_disk_is_tried_again_once_the_wait_is_over(
+        make_pool: Callable[..., Pool], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wait (a minute) shortened to nothing: the next sweep after the refusal tries again.
+    monkeypatch.setattr(pool_module, "_FULL_DISK_RETRY", 0.0)
+    pool = make_pool(idle_timeout=1.0, sweep_interval=3600.0)  # sweeps when told
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.full_disk = True
+
+    def swept() -> bool:
+        pool.actor.sweep().get(timeout=ASK)
+        return pool.refused != []
+
+    wait_for(swept, 30, "a sweep trying the idle sandbox's snapshot")
+    pool.full_disk = False
+    pool.actor.sweep().get(timeout=ASK)  # not another idle timeout later: at once
+    lost = pool.next_loss()
+    assert (lost.session_id, lost.reason) == ("s1", LossReason.IDLE)
+    assert pool.log == [("snapshot", "s1"), ("lost", "s1")]
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    """The server's event loop, where the warmer keeps its bridge connections."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(30)
+    loop.close()
+
+
+def _held_by(warmer: Warmer, loop: asyncio.AbstractEventLoop, sandbox_id: str) -> asyncio.Task[Any] | None:
+    """What a claimer of this sandbox would get from the warmer (asked on the loop, after what the
+    pool told it before)."""
+    async def take() -> asyncio.Task[Any] | None:
+        return warmer.take(sandbox_id)
+
+    return asyncio.run_coroutine_threadsafe(take(), loop).result(ASK)
+
+
+def test_a_spare_destroyed_unclaimed_gives_up_its_warm_bridge_connection(
+        loop_thread: asyncio.AbstractEventLoop, make_pool: Callable[..., Pool]) -> None:
+    """Each warm spare holds a connection to its bridge (and a model-proxy socket); one evicted or
+    stopped before any session took it must not keep them open for the life of the server."""
+    warmer = Warmer(loop_thread, None, ASK)
+    pool = make_pool(max_capacity=1, prewarm=1, bridge=True, warmer=warmer)
+    pool.wait_counts({"warm": 1})
+    (spare,) = pool.launcher.procs
+    pool.claim("t", "s1", network=True)  # capacity 1: the spare makes room
+    wait_for(lambda: spare in pool.launcher.destroyed, 30, "the spare destroyed")
+    assert _held_by(warmer, loop_thread, spare) is None
+
+
+def test_a_warm_spare_of_another_disk_size_is_not_handed_out(make_pool: Callable[..., Pool]) -> None:
+    """With disk quotas a mounted disk cannot be resized: a smaller size than the spare's would
+    silently get more disk, a larger one less than asked."""
+    mib = 1024 * 1024
+    pool = make_pool(disk_quota=True, prewarm=1)
+    pool.wait_counts({"warm": 1})
+    (spare,) = pool.launcher.procs
+    for size in (300 * mib, 4096 * mib):
+        handle: SandboxHandle = pool.actor.claim("t", f"s{size}", False, "default", size).get(timeout=ASK)
+        assert not handle.prewarmed and handle.sandbox_id != spare and handle.disk_bytes == size
+    assert pool.counts() == {"warm": 1, "warming": 2}
