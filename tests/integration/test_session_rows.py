@@ -33,6 +33,28 @@ def _bytes(*texts: str) -> int:
     return sum(len(t.encode()) for t in texts)
 
 
+async def _neighbours(sessions: Sessions, tenant: str = "t") -> list[tuple[object, ...]]:
+    """Two sessions of the same tenant whose ids sort just before and after "s-5", the id the tests
+    give the session they work on, each with a message and an event: a query that matched ids by
+    order instead of equality would read or change them. Returns what they hold, to compare after."""
+    for sid in ("s-0", "s-z"):
+        await sessions.insert(Session(id=sid, tenant_id=tenant, agent_name="a", status="paused"))
+        await sessions.add_user_message(sid, tenant, f"neighbour {sid}")
+        await sessions.transition(sid, tenant, "paused", "paused")
+    return await _held(sessions, tenant)
+
+
+async def _held(sessions: Sessions, tenant: str = "t") -> list[tuple[object, ...]]:
+    held: list[tuple[object, ...]] = []
+    for sid in ("s-0", "s-z"):
+        row = await sessions.get(tenant, sid)
+        held.append((row.status, row.turn_open, row.message_count, row.event_count, row.stored_bytes,
+                     row.next_message_seq, row.next_event_seq, row.model, row.config,
+                     [m["content"] for m in await sessions.messages(tenant, sid, 0, 100)],
+                     [e["data"] for e in await sessions.events(tenant, sid, 0, 100, None)]))
+    return held
+
+
 async def _event_rows(db: Database, session_id: str) -> list[SessionEvent]:
     async with db.read() as s:
         return list((await s.execute(select(SessionEvent).where(SessionEvent.session_id == session_id)
@@ -78,13 +100,14 @@ def test_session_json_shows_config_and_masks_secrets() -> None:
 
 async def test_get_and_list_are_per_tenant_newest_first(db: Database) -> None:
     sessions = Sessions(db)
-    first = await sessions.insert(Session(tenant_id="acme", agent_name="a", status="active"))
-    second = await sessions.insert(Session(tenant_id="acme", agent_name="b", status="active"))
+    zeroth = await sessions.insert(Session(id="s-0", tenant_id="acme", agent_name="c", status="active"))
+    first = await sessions.insert(Session(id="s-5", tenant_id="acme", agent_name="a", status="active"))
+    second = await sessions.insert(Session(id="s-z", tenant_id="acme", agent_name="b", status="active"))
     await sessions.insert(Session(tenant_id="globex", agent_name="a", status="active"))
     assert (await sessions.get("acme", first.id)).id == first.id
     with pytest.raises(NotFound):
         await sessions.get("globex", first.id)
-    assert [r.id for r in await sessions.list("acme", None)] == [second.id, first.id]
+    assert [r.id for r in await sessions.list("acme", None)] == [second.id, first.id, zeroth.id]
     assert [r.id for r in await sessions.list("acme", "a")] == [first.id]
     assert [r.id for r in await sessions.list("acme", None, limit=1)] == [second.id]
     assert (await sessions.get_any(first.id)) is not None and await sessions.get_any("nope") is None
@@ -92,7 +115,8 @@ async def test_get_and_list_are_per_tenant_newest_first(db: Database) -> None:
 
 async def test_a_transition_sets_the_status_and_stores_its_event(db: Database) -> None:
     sessions = Sessions(db, owner_id="server-1")
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="starting", config='{"a": 1}'))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="starting", config='{"a": 1}'))
     assert row.owner_id == "server-1" and row.stored_bytes == _bytes('{"a": 1}')
     moved = await sessions.transition(row.id, "t", "active", "started", extra={"why": "x"}, sandbox_id="sb-1")
     assert moved.status == "active" and moved.sandbox_id == "sb-1" and moved.owner_id == "server-1"
@@ -105,6 +129,7 @@ async def test_a_transition_sets_the_status_and_stores_its_event(db: Database) -
     assert again.next_event_seq == moved.next_event_seq + 1 and again.event_count == 2
     with pytest.raises(NotFound):
         await sessions.transition("no-such-session", "t", "paused", "paused")
+    assert await _held(sessions) == held
 
 
 async def test_a_routed_row_is_left_to_its_runner(db: Database) -> None:
@@ -121,7 +146,8 @@ async def test_a_routed_row_is_left_to_its_runner(db: Database) -> None:
 
 async def test_update_config_is_per_tenant_and_keeps_the_byte_count(db: Database) -> None:
     sessions = Sessions(db)
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="paused", config='{"x": 1}'))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="paused", config='{"x": 1}'))
     new = {"systemPrompt": "longer prompt"}
     updated = await sessions.update_config(row.id, "t", "m2", new)
     assert updated.model == "m2" and json.loads(updated.config) == new
@@ -129,11 +155,13 @@ async def test_update_config_is_per_tenant_and_keeps_the_byte_count(db: Database
     with pytest.raises(NotFound):
         await sessions.update_config(row.id, "other-tenant", "m3", {})
     assert (await sessions.get("t", row.id)).model == "m2"
+    assert await _held(sessions) == held
 
 
 async def test_a_fork_copies_the_conversation_in_order_and_tells_the_parent(db: Database) -> None:
     sessions = Sessions(db)
-    parent = await sessions.insert(Session(tenant_id="t", agent_name="a", status="paused"))
+    held = await _neighbours(sessions)
+    parent = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="paused"))
     await sessions.add_user_message(parent.id, "t", "one")
     await sessions.store_turn_batch(parent.id, "t", [("assistant", '"two"')], [])
     await sessions.add_user_message(parent.id, "t", "three")
@@ -153,18 +181,22 @@ async def test_a_fork_copies_the_conversation_in_order_and_tells_the_parent(db: 
     assert after.stored_bytes == before.stored_bytes + _bytes(event["data"])
     # The next message of the child follows the copies.
     assert await sessions.add_user_message(child.id, "t", "four") == 4
+    assert await _held(sessions) == held
 
 
 async def test_a_fork_of_an_empty_session(db: Database) -> None:
     sessions = Sessions(db)
-    parent = await sessions.insert(Session(tenant_id="t", agent_name="a", status="paused"))
+    held = await _neighbours(sessions)
+    parent = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="paused"))
     child = await sessions.insert_fork(Session(tenant_id="t", agent_name="a", status="starting"), parent.id)
     assert child.message_count == 0 and await sessions.messages("t", child.id, 0, 10) == []
+    assert await _held(sessions) == held
 
 
 async def test_a_prompt_opens_the_turn_and_links_its_attachments(db: Database) -> None:
     sessions = Sessions(db)
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
     seq = await sessions.add_user_message(row.id, "t", "hi")
     assert seq == 1
     (message,) = await sessions.messages("t", row.id, 0, 10)
@@ -177,11 +209,13 @@ async def test_a_prompt_opens_the_turn_and_links_its_attachments(db: Database) -
     assert await sessions.add_user_message(row.id, "t", "with a file", shown) == 2
     second = (await sessions.messages("t", row.id, 1, 10))[0]
     assert json.loads(second["content"])["attachments"] == shown
+    assert await _held(sessions) == held
 
 
 async def test_a_turn_batch_numbers_messages_counts_bytes_and_closes_the_turn(db: Database) -> None:
     sessions = Sessions(db)
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
     await sessions.add_user_message(row.id, "t", "hi")
     base = await sessions.get("t", row.id)
     first = await sessions.reserve_events(row.id, 2)
@@ -200,11 +234,13 @@ async def test_a_turn_batch_numbers_messages_counts_bytes_and_closes_the_turn(db
     assert len(await sessions.frames_after(row.id, 0, limit=1)) == 1
     listed = await sessions.events("t", row.id, 0, 10, None)
     assert [e["type"] for e in listed] == ["message"]  # the frame-only row is not an event
+    assert await _held(sessions) == held
 
 
 async def test_a_batch_without_done_leaves_the_turn_open(db: Database) -> None:
     sessions = Sessions(db)
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
     await sessions.add_user_message(row.id, "t", "hi")
     first = await sessions.reserve_events(row.id, 1)
     await sessions.store_turn_batch(row.id, "t", [], [EventRecord(first, "message", {"t": 1}, "message", "{}")])
@@ -212,11 +248,13 @@ async def test_a_batch_without_done_leaves_the_turn_open(db: Database) -> None:
     assert stored.turn_open is True and stored.message_count == 1
     await sessions.store_turn_batch(row.id, "t", [], [])  # nothing to store: nothing changes
     assert (await sessions.get("t", row.id)).event_count == stored.event_count
+    assert await _held(sessions) == held
 
 
 async def test_message_and_event_pages(db: Database) -> None:
     sessions = Sessions(db)
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
     for text in ("m1", "m2", "m3"):
         await sessions.add_user_message(row.id, "t", text)
     page = await sessions.messages("t", row.id, 1, 1)
@@ -230,11 +268,13 @@ async def test_message_and_event_pages(db: Database) -> None:
     assert [e["type"] for e in await sessions.events("t", row.id, 0, 10, "compaction")] == ["compaction"]
     assert [e["sequence"] for e in await sessions.events("t", row.id, first, 1, None)] == [first + 3]
     assert await sessions.all_message_contents(row.id) == [{"type": "user", "content": t} for t in ("m1", "m2", "m3")]
+    assert await _held(sessions) == held
 
 
 async def test_purge_deletes_the_session_and_its_rows_for_its_tenant_only(db: Database) -> None:
     sessions = Sessions(db)
-    row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended"))
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="ended"))
     keep = await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended"))
     for sid in (row.id, keep.id):
         await sessions.add_user_message(sid, "t", "x")
@@ -247,6 +287,7 @@ async def test_purge_deletes_the_session_and_its_rows_for_its_tenant_only(db: Da
         left = (await s.execute(select(func.count()).select_from(Message).where(Message.session_id == row.id))).scalar()
     assert left == 0 and await _event_rows(db, row.id) == []
     assert len(await sessions.messages("t", keep.id, 0, 10)) == 1 and len(await _event_rows(db, keep.id)) == 1
+    assert await _held(sessions) == held
 
 
 async def test_owners_of_sandboxes_ignores_ended_sessions(db: Database) -> None:
@@ -298,7 +339,8 @@ async def test_pause_orphans_picks_the_dead_process_sessions_only(db: Database) 
 ])
 async def test_an_interrupted_turn_is_stored_with_its_reason_and_counted(db: Database, reason: str, said: str) -> None:
     sessions = Sessions(db)
-    cut = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+    held = await _neighbours(sessions)
+    cut = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
     idle = await sessions.insert(Session(tenant_id="t", agent_name="a", status="starting"))
     await sessions.add_user_message(cut.id, "t", "never answered")
     before = await sessions.get("t", cut.id)
@@ -317,3 +359,4 @@ async def test_an_interrupted_turn_is_stored_with_its_reason_and_counted(db: Dat
     idle_after = await sessions.get("t", idle.id)
     assert idle_after.event_count == 1 and idle_after.stored_bytes == _bytes(paused)
     assert [r.type for r in await _event_rows(db, idle.id)] == ["lifecycle"]
+    assert await _held(sessions) == held
