@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from ashd.errors import NotFound
-from ashd.storage import Database, Message, Session
+from ashd.storage import Attachment, Database, Message, Session
 from ashd.storage._models import SessionEvent
 from ashd.storage._sessions import EventRecord, Sessions, mask_mcp, session_json
 
@@ -42,6 +42,18 @@ async def _neighbours(sessions: Sessions, tenant: str = "t") -> list[tuple[objec
         await sessions.add_user_message(sid, tenant, f"neighbour {sid}")
         await sessions.transition(sid, tenant, "paused", "paused")
     return await _held(sessions, tenant)
+
+
+async def _attach(db: Database, attachment_id: str, session_id: str, message_id: str | None = None) -> None:
+    async with db.tx() as s:
+        s.add(Attachment(id=attachment_id, tenant_id="t", session_id=session_id, message_id=message_id,
+                         filename="a.txt", mime_type="text/plain", size=1))
+
+
+async def _attachments(db: Database) -> dict[str, tuple[str, str | None]]:
+    async with db.read() as s:
+        rows = (await s.execute(select(Attachment.id, Attachment.session_id, Attachment.message_id))).all()
+    return {r[0]: (r[1], r[2]) for r in rows}
 
 
 async def _held(sessions: Sessions, tenant: str = "t") -> list[tuple[object, ...]]:
@@ -109,6 +121,7 @@ async def test_get_and_list_are_per_tenant_newest_first(db: Database) -> None:
         await sessions.get("globex", first.id)
     assert [r.id for r in await sessions.list("acme", None)] == [second.id, first.id, zeroth.id]
     assert [r.id for r in await sessions.list("acme", "a")] == [first.id]
+    assert [r.id for r in await sessions.list("acme", "b")] == [second.id]
     assert [r.id for r in await sessions.list("acme", None, limit=1)] == [second.id]
     assert (await sessions.get_any(first.id)) is not None and await sessions.get_any("nope") is None
 
@@ -204,11 +217,16 @@ async def test_a_prompt_opens_the_turn_and_links_its_attachments(db: Database) -
     stored = await sessions.get("t", row.id)
     assert stored.turn_open is True and stored.message_count == 1
     assert stored.stored_bytes == _bytes(message["content"])
-    shown = [{"id": "att-1", "filename": "a.txt", "mimeType": "text/plain", "size": 1, "path": "a.txt",
-              "shownToModel": True}]
+    await _attach(db, "att-1", row.id)
+    await _attach(db, "att-old", row.id, message_id="earlier-message")
+    await _attach(db, "att-other", "s-0")  # another session's: naming it links nothing
+    shown = [{"id": a, "filename": "a.txt", "mimeType": "text/plain", "size": 1, "path": "a.txt",
+              "shownToModel": True} for a in ("att-1", "att-old", "att-other")]
     assert await sessions.add_user_message(row.id, "t", "with a file", shown) == 2
     second = (await sessions.messages("t", row.id, 1, 10))[0]
     assert json.loads(second["content"])["attachments"] == shown
+    assert await _attachments(db) == {"att-1": (row.id, second["id"]), "att-old": (row.id, "earlier-message"),
+                                      "att-other": ("s-0", None)}
     assert await _held(sessions) == held
 
 
@@ -277,6 +295,8 @@ async def test_purge_deletes_the_session_and_its_rows_for_its_tenant_only(db: Da
     held = await _neighbours(sessions)
     row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="ended"))
     keep = await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended"))
+    for sid in (row.id, keep.id, "s-0", "s-z"):
+        await _attach(db, f"att-{sid}", sid)
     for sid in (row.id, keep.id):
         await sessions.add_user_message(sid, "t", "x")
         await sessions.transition(sid, "t", "ended", "ended")
@@ -290,6 +310,7 @@ async def test_purge_deletes_the_session_and_its_rows_for_its_tenant_only(db: Da
         left = (await s.execute(select(func.count()).select_from(Message).where(Message.session_id == row.id))).scalar()
     assert left == 0 and await _event_rows(db, row.id) == []
     assert len(await sessions.messages("t", keep.id, 0, 10)) == 1 and len(await _event_rows(db, keep.id)) == 1
+    assert sorted(await _attachments(db)) == sorted(f"att-{sid}" for sid in (keep.id, "s-0", "s-z"))
     assert await _held(sessions) == held
 
 
@@ -301,7 +322,7 @@ async def test_owners_of_sandboxes_ignores_ended_sessions(db: Database) -> None:
     assert await sessions.owners_of_sandboxes([]) == {}
 
 
-async def test_pause_orphans_picks_the_dead_process_sessions_only(db: Database) -> None:
+async def test_pause_orphans_picks_the_dead_process_sessions_only(db: Database, caplog: pytest.LogCaptureFixture) -> None:
     sessions = Sessions(db)
 
     async def add(status: str, **kw: str | None) -> str:
@@ -335,6 +356,7 @@ async def test_pause_orphans_picks_the_dead_process_sessions_only(db: Database) 
     assert (await sessions.get("t", on_other)).status == "active"
     assert sorted(await sessions.pause_orphans()) == sorted([on_other, on_lower, routed_on])
     assert await sessions.pause_orphans() == []
+    assert "cut short" not in caplog.text  # no turn was running: no warning for the operator
 
 
 @pytest.mark.parametrize(("reason", "said"), [
@@ -343,7 +365,8 @@ async def test_pause_orphans_picks_the_dead_process_sessions_only(db: Database) 
     ("runner_lost", "interrupted: the runner stopped answering before this turn finished"),
     ("drain", "interrupted: the turn was cut short (drain)"),
 ])
-async def test_an_interrupted_turn_is_stored_with_its_reason_and_counted(db: Database, reason: str, said: str) -> None:
+async def test_an_interrupted_turn_is_stored_with_its_reason_and_counted(db: Database, reason: str, said: str,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     sessions = Sessions(db)
     held = await _neighbours(sessions)
     cut = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
@@ -351,6 +374,7 @@ async def test_an_interrupted_turn_is_stored_with_its_reason_and_counted(db: Dat
     await sessions.add_user_message(cut.id, "t", "never answered")
     before = await sessions.get("t", cut.id)
     assert sorted(await sessions.pause_orphans(reason=reason)) == sorted([cut.id, idle.id])
+    assert "recorded turns cut short as interrupted" in caplog.text
     rows = await _event_rows(db, cut.id)
     error = json.dumps({"error": said})
     done = json.dumps({"sessionId": cut.id})
