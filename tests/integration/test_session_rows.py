@@ -286,6 +286,10 @@ async def test_message_and_event_pages(db: Database) -> None:
     assert [e["type"] for e in events] == ["message", "tool"]  # compaction only when asked for
     assert [e["type"] for e in await sessions.events("t", row.id, 0, 10, "compaction")] == ["compaction"]
     assert [e["sequence"] for e in await sessions.events("t", row.id, first, 1, None)] == [first + 3]
+    for other in ("a-tenant", "zz-tenant"):  # tenants whose names sort before and after "t"
+        assert await sessions.messages(other, row.id, 0, 10) == []
+        assert await sessions.events(other, row.id, 0, 10, None) == []
+        assert await sessions.events(other, row.id, 0, 10, "compaction") == []
     assert await sessions.all_message_contents(row.id) == [{"type": "user", "content": t} for t in ("m1", "m2", "m3")]
     assert await _held(sessions) == held
 
@@ -318,7 +322,9 @@ async def test_owners_of_sandboxes_ignores_ended_sessions(db: Database) -> None:
     sessions = Sessions(db)
     live = await sessions.insert(Session(tenant_id="t", agent_name="a", status="paused", sandbox_id="sb-1"))
     await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended", sandbox_id="sb-2"))
-    assert await sessions.owners_of_sandboxes(["sb-1", "sb-2", "sb-3"]) == {"sb-1": live.id}
+    running = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active", sandbox_id="sb-4"))
+    assert await sessions.owners_of_sandboxes(["sb-1", "sb-2", "sb-3", "sb-4"]) == {"sb-1": live.id,
+                                                                                   "sb-4": running.id}
     assert await sessions.owners_of_sandboxes([]) == {}
 
 
