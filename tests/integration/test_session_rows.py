@@ -219,14 +219,15 @@ async def test_a_prompt_opens_the_turn_and_links_its_attachments(db: Database) -
     assert stored.stored_bytes == _bytes(message["content"])
     await _attach(db, "att-1", row.id)
     await _attach(db, "att-old", row.id, message_id="earlier-message")
-    await _attach(db, "att-other", "s-0")  # another session's: naming it links nothing
+    await _attach(db, "att-other", "s-0")  # other sessions' (ids sorting either side): naming them links nothing
+    await _attach(db, "att-later", "s-z")
     shown = [{"id": a, "filename": "a.txt", "mimeType": "text/plain", "size": 1, "path": "a.txt",
-              "shownToModel": True} for a in ("att-1", "att-old", "att-other")]
+              "shownToModel": True} for a in ("att-1", "att-old", "att-other", "att-later")]
     assert await sessions.add_user_message(row.id, "t", "with a file", shown) == 2
     second = (await sessions.messages("t", row.id, 1, 10))[0]
     assert json.loads(second["content"])["attachments"] == shown
     assert await _attachments(db) == {"att-1": (row.id, second["id"]), "att-old": (row.id, "earlier-message"),
-                                      "att-other": ("s-0", None)}
+                                      "att-other": ("s-0", None), "att-later": ("s-z", None)}
     assert await _held(sessions) == held
 
 
