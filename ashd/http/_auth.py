@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from sqlalchemy.exc import SQLAlchemyError
 
-from ashd.errors import RateLimited, Unauthorized
+from ashd.errors import RateLimited, StorageError, Unauthorized
 from ashd.http._keys import COMPONENTS, KEY_CACHE, KEY_ID, RATE_LIMITER, TENANT
 from ashd.http._ratelimit import RateLimiter
 
@@ -63,7 +63,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         cache.put(token, identity)
         try:
             await components.api_keys.touch(identity.key_id)
-        except (SQLAlchemyError, OSError) as exc:  # a full disk must not refuse requests over a timestamp
+        # A full disk must not refuse requests over a timestamp. The database maps its own
+        # "disk full" to StorageFull (a StorageError, not a SQLAlchemyError): caught too.
+        except (SQLAlchemyError, OSError, StorageError) as exc:
             log.warning("could not record the API key's last use", extra={"keyId": identity.key_id,
                                                                           "error": str(exc)})
     limiter = request.app[RATE_LIMITER]
