@@ -15,32 +15,17 @@ import pytest
 
 from tests.e2e.test_cli import Server, server  # noqa: F401  (fixture)
 from tests.e2e.test_serve_process import fake_model_process, free_port, http, wait_http  # noqa: F401
+from tests.fixtures.nginx import main_conf
 from tests.fixtures.tools import tool
 
 CONF = Path(__file__).resolve().parents[2] / "configs" / "nginx-ashd.conf"
 CLUSTER_CONF = CONF.parent / "cluster" / "nginx.conf"  # two coordinators (tests/e2e/test_cluster.py)
 
-MAIN = """daemon off;
-worker_processes 1;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log info;
-events {{ worker_connections 64; }}
-http {{
-    access_log {prefix}/access.log;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    include {prefix}/ashd.conf;
-}}
-"""
-
 
 def nginx_dir(root: Path, conf: str) -> Path:
     root.mkdir()
     (root / "ashd.conf").write_text(conf)
-    (root / "nginx.conf").write_text(MAIN.format(prefix=root))
+    (root / "nginx.conf").write_text(main_conf(root, worker_connections=64))
     return root
 
 
