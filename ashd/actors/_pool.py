@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -141,6 +142,12 @@ class PoolActor(AioActor):
         entry = self._entries.get(sandbox_id)
         return entry is not None and entry.proc is not None and entry.proc.poll() is None
 
+    def _holds(self, entry: _Entry) -> bool:
+        """`is_alive` for one claimed entry, called from its session's thread, not this actor's: it
+        only reads (one dict lookup, atomic under the GIL, and the process's exit status, which
+        both kinds of child answer thread-safely), so it needs no trip through the mailbox."""
+        return self._entries.get(entry.sandbox_id) is entry and entry.proc is not None and entry.proc.poll() is None
+
     def exit_info(self, sandbox_id: str) -> ExitInfo | None:
         entry = self._entries.get(sandbox_id)
         return entry.proc.poll() if entry is not None and entry.proc is not None else None
@@ -186,7 +193,7 @@ class PoolActor(AioActor):
         paths = self._launcher.paths_for(entry.sandbox_id)
         meter = getattr(entry.proc, "meter", None)
         return SandboxHandle(entry.sandbox_id, paths, prewarmed=prewarmed, meter=meter,
-                             disk_bytes=entry.disk_bytes)
+                             disk_bytes=entry.disk_bytes, alive=functools.partial(self._holds, entry))
 
     def mark_ready(self, sandbox_id: str) -> None:
         """The session has connected to and configured its sandbox: warming → waiting.

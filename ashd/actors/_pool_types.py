@@ -13,7 +13,8 @@ and is destroyed when released, never returned to the warm set, so tenants never
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ashd.sandboxing import SandboxPaths
@@ -35,6 +36,9 @@ class SandboxHandle:
     # The sandbox's ResourceMeter (OOM kills, refused forks, a full disk), read by the turn.
     meter: Any = None
     disk_bytes: int = 0
+    # Whether the pool still holds this sandbox and its process runs: read from the session's
+    # thread without asking the pool (a warm resume checks it). None: ask the pool (`is_alive`).
+    alive: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
 
 class LossReason(enum.Enum):

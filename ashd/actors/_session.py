@@ -128,11 +128,13 @@ class SessionActor(StagedActor):
             return session_json(row)
         # Resuming needs the agent on either path (404 "session or agent not found"); a session
         # that is still active keeps working without it (DELETE removes the registration only).
-        agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
+        # A warm resume needs nothing of it but its existence, checked in the transition's own
+        # transaction below; a cold one needs its folder, env and limits to start a sandbox.
         path = "cold"
-        if self.handle is not None and self.conn is not None and self._pool_alive(self.handle.sandbox_id):
+        if self.handle is not None and self.conn is not None and self._pool_alive(self.handle):
             path = "warm"
         else:
+            agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
             yield from self._drop_sandbox()
             try:
                 yield from self._start_sandbox(resume_history=True, restore=True, agent=agent)
@@ -151,7 +153,7 @@ class SessionActor(StagedActor):
         owner = {"runner_id": self.deps.runner_id} if self.deps.runner_id is not None else {}
         self.row = yield from self._transition("active", "resumed", extra=extra,
                                                sandbox_id=self.handle.sandbox_id if self.handle else "", error=None,
-                                               **owner)
+                                               agent=row.agent_name if path == "warm" else None, **owner)
         self.deps.pool.count_resume(path)
         self.deps.count_resume(path, self.session_id, row.agent_name)
         view = session_json(self.row)
@@ -524,8 +526,10 @@ class SessionActor(StagedActor):
         except Exception:
             log.exception("could not record session error", extra={"sessionId": self.session_id})
 
-    def _pool_alive(self, sandbox_id: str) -> bool:
-        return bool(self.deps.pool.is_alive(sandbox_id).get(timeout=self.deps.ask_timeout))
+    def _pool_alive(self, handle: SandboxHandle) -> bool:
+        if handle.alive is not None:  # published by the pool with the claim: no ask
+            return handle.alive()
+        return bool(self.deps.pool.is_alive(handle.sandbox_id).get(timeout=self.deps.ask_timeout))
 
     def _snapshot_before_end(self, *, strict: bool) -> str | None:
         """Snapshot the live workspace before its sandbox goes; None when stored, else why not.

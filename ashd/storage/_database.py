@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import Unavailable
-from ashd.storage._engine import create_engine, normalise_url, sessionmaker
+from ashd.storage._engine import READ_ONLY, create_engine, normalise_url, sessionmaker
 from ashd.storage._failures import storage_failure
 from ashd.storage._fastpath import SqliteWriter
 from ashd.storage._migrate import migrate
@@ -27,6 +27,7 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine)
+        self._readers = sessionmaker(engine.execution_options(**{READ_ONLY: True}))
         self._writer: SqliteWriter | None = None
         if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
             self._writer = SqliteWriter(engine.url.render_as_string(hide_password=False))
@@ -82,8 +83,10 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[OrmSession]:
+        """A session that only reads: on SQLite it takes no write lock (BEGIN DEFERRED), so it must not
+        write (a write there could fail with SQLITE_BUSY_SNAPSHOT); use `tx` for anything that does."""
         try:
-            async with self._sessions() as s:
+            async with self._readers() as s:
                 yield s
         except Exception as exc:
             _raise_mapped(exc)

@@ -1,8 +1,11 @@
 """Builds the async engine: SQLite (WAL, BEGIN IMMEDIATE, busy timeout) or PostgreSQL (asyncpg).
 
 SQLite recipe from notes/measured.md Q3: a deferred BEGIN that later writes fails with
-SQLITE_BUSY_SNAPSHOT under concurrency, so every transaction begins IMMEDIATE; busy_timeout makes
-writers wait for the lock instead of failing.
+SQLITE_BUSY_SNAPSHOT under concurrency, so every transaction that may write begins IMMEDIATE;
+busy_timeout makes writers wait for the lock instead of failing. A read-only session (`READ_ONLY`
+on its connection) begins DEFERRED: in WAL it reads a snapshot and never takes the write lock, so
+it neither waits for a writer nor makes one wait (an IMMEDIATE read holds the lock, and SQLite's
+busy handler then sleeps the writer in whole milliseconds: measured in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
+
+# Execution option of the connections a read-only session uses (`Database.read`): BEGIN DEFERRED.
+READ_ONLY = "ashd_read_only"
 
 
 def normalise_url(url: str) -> str:
@@ -40,7 +46,8 @@ def create_engine(url: str) -> AsyncEngine:
 
 
 def install_sqlite_pragmas(sync_engine: Engine) -> None:
-    """WAL, NORMAL sync, busy timeout, foreign keys, and BEGIN IMMEDIATE for every transaction."""
+    """WAL, NORMAL sync, busy timeout, foreign keys, and BEGIN IMMEDIATE for every transaction but
+    a read-only one's."""
 
     @event.listens_for(sync_engine, "connect")
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -55,7 +62,7 @@ def install_sqlite_pragmas(sync_engine: Engine) -> None:
 
     @event.listens_for(sync_engine, "begin")
     def on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[OrmSession]:

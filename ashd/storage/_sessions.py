@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import Conflict, NotFound
 from ashd.storage._database import Database
-from ashd.storage._models import Attachment, Message, Session, SessionEvent, iso, new_id, utcnow
+from ashd.storage._models import Agent, Attachment, Message, Session, SessionEvent, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
 
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
+_AGENTS = cast(Table, Agent.__table__)
 _MESSAGES = cast(Table, Message.__table__)
 # Statuses in which a session is held by the runner its row names (its sandbox lives there).
 LIVE_STATUSES = ("active", "starting")
@@ -155,7 +156,8 @@ class Sessions:
             return list((await s.execute(query.order_by(Session.created_at.desc()).limit(limit))).scalars())
 
     async def transition(self, session_id: str, tenant: str, status: str, action: str, *,
-                         extra: dict[str, Any] | None = None, fence: str | None = None, **values: Any) -> Session:
+                         extra: dict[str, Any] | None = None, fence: str | None = None, agent: str | None = None,
+                         **values: Any) -> Session:
         """Set the status (and other columns) and store the lifecycle event, in one transaction.
 
         One UPDATE sets the status, allocates the event's sequence and returns the row; one INSERT
@@ -164,25 +166,34 @@ class Sessions:
         `fence`, a runner id: write only unless another runner holds the session live, else raise
         `SessionHeldElsewhere` and write nothing. A runner's actors pass their runner's id, so one
         that was wrongly declared dead cannot pause (or fail, or end) a session resumed elsewhere.
+
+        `agent`, an agent name: write only if the tenant still has that agent, else raise NotFound
+        and write nothing (a warm resume checks its agent this way, in the same transaction, instead
+        of a lookup of its own before it).
         """
-        return await self.db.run_tx(self._transition_tx(session_id, tenant, status, action, extra, fence, values))
+        return await self.db.run_tx(self._transition_tx(session_id, tenant, status, action, extra, fence, agent,
+                                                        values))
 
     def transition_soon(self, session_id: str, tenant: str, status: str, action: str, *,
-                        extra: dict[str, Any] | None = None, fence: str | None = None,
+                        extra: dict[str, Any] | None = None, fence: str | None = None, agent: str | None = None,
                         **values: Any) -> Future[Session] | Awaitable[Session]:
         """`transition`, started now from an actor's thread: a future the SQLite writer thread
         resolves (no trip through the loop), or, without a writer thread, the coroutine to await."""
-        tx = self._transition_tx(session_id, tenant, status, action, extra, fence, values)
+        tx = self._transition_tx(session_id, tenant, status, action, extra, fence, agent, values)
         return self.db.submit_tx(tx) or self.db.run_tx(tx)
 
     def _transition_tx(self, session_id: str, tenant: str, status: str, action: str, extra: dict[str, Any] | None,
-                       fence: str | None, values: dict[str, Any]) -> Callable[[SyncSession], Session]:
+                       fence: str | None, agent: str | None,
+                       values: dict[str, Any]) -> Callable[[SyncSession], Session]:
         now = utcnow()
         data = json.dumps({"action": action, "status": status, **(extra or {})})
         if self.owner_id and values.get("sandbox_id"):
             values["owner_id"] = self.owner_id  # this process claimed a sandbox for it: its sweep's now
 
         def run(s: SyncSession) -> Session:
+            if agent is not None and s.execute(select(_AGENTS.c.id).where(
+                    _AGENTS.c.tenant_id == tenant, _AGENTS.c.name == agent)).first() is None:
+                raise NotFound(f"Agent {agent} not found")
             # Core statements: the ORM's identity-map work costs a third of this transaction.
             statement = update(_SESSIONS).where(_SESSIONS.c.id == session_id)
             if fence is not None:

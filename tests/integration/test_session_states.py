@@ -232,3 +232,22 @@ async def test_error_rows(sapi: Api, fake_model: FakeModel) -> None:  # noqa: F8
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/messages",
                                    json={"content": "x", "includePartialMessages": "yes"})
     assert status == 400
+
+
+async def test_a_warm_resume_after_its_agent_was_deleted_is_404_and_the_session_stays_paused(
+        sapi: Api) -> None:  # noqa: F811
+    await deploy(sapi)
+    session = await create(sapi)
+    sid = session["id"]
+    status, _ = await sapi.call("POST", f"/api/sessions/{sid}/pause")
+    assert status == 200
+    status, _ = await sapi.call("DELETE", "/api/agents/helper")
+    assert status == 200
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+    assert (status, body) == (404, {"error": "Agent helper not found", "statusCode": 404})
+    assert await _status(sapi, sid) == "paused"
+    assert [e["action"] for e in await _lifecycle(sapi, sid)] == ["created", "paused"]
+    await deploy(sapi)  # deployed again: the sandbox it kept resumes warm
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+    assert status == 200 and body["session"]["sandboxId"] == session["sandboxId"]
+    assert body["session"]["status"] == "active"

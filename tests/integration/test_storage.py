@@ -176,3 +176,26 @@ async def test_messages_and_events_are_filtered_by_tenant_in_storage(db_url: str
         assert await sessions.events("globex", row.id, 0, 10, "lifecycle") == []
     finally:
         await db.close()
+
+
+async def test_an_open_read_neither_blocks_a_write_nor_sees_it(db_url: str) -> None:
+    """A read takes no write lock (SQLite: BEGIN DEFERRED, not IMMEDIATE): a transition on the writer
+    thread and a write on the loop both commit while a read is open, at once rather than after the
+    busy timeout; on SQLite the open read keeps the snapshot it began with."""
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        async with db.read() as r:
+            status = select(Session.status).where(Session.id == row.id)
+            assert (await r.execute(status)).scalar_one() == "active"
+            paused = await asyncio.wait_for(sessions.transition(row.id, "t", "paused", "paused"), 5)
+            assert paused.status == "paused"
+            async with asyncio.timeout(5):
+                async with db.tx() as w:
+                    await w.execute(text("UPDATE sessions SET error = 'x' WHERE id = :id"), {"id": row.id})
+            if db.dialect == "sqlite":  # a snapshot (PostgreSQL reads committed rows, its default)
+                assert (await r.execute(status)).scalar_one() == "active"
+        assert (await sessions.get("t", row.id)).status == "paused"
+    finally:
+        await db.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import delete
 
 from ashd.actors._aio import call
 from ashd.actors._pool import PoolActor, PoolConfig
@@ -28,7 +29,7 @@ from ashd.sandboxing._types import SandboxSpec
 from ashd.storage import Database
 from ashd.storage._agents import AgentView
 from ashd.storage._crypto import Cipher
-from ashd.storage._models import Session, new_id
+from ashd.storage._models import Agent, Session, new_id
 from ashd.storage._sessions import Sessions
 from tests.fixtures.plain_launcher import PlainLauncher
 from tests.fixtures.sandboxes import wait_for
@@ -138,6 +139,8 @@ async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
         "helper": AgentView("a1", "helper", 1, str(agent_dir), None, {}, False),
     }
 
+    async with db.tx() as s:  # a warm resume checks its agent in the agents table, in its transition
+        s.add(Agent(id="a1", tenant_id=TENANT, name="helper", path=str(agent_dir)))
     cipher = Cipher(KEY)
 
     def decrypt_env(blob: bytes | None, sid: str) -> dict[str, str]:
@@ -235,6 +238,23 @@ async def test_create_pause_resume_stop(machine: Machine) -> None:
     assert resumed["status"] == "active" and resumed["sandboxId"] not in ("", view["sandboxId"])
     assert machine.resumes[-1] == ("cold", sid)
     assert await machine.lifecycle(sid) == ["created", "paused", "resumed", "stopped", "resumed"]
+
+
+async def test_a_warm_resume_whose_agent_is_gone_is_404_and_changes_nothing(machine: Machine) -> None:
+    sid, view = await machine.create()
+    await machine.ask(sid, "pause")
+    async with machine.sessions.db.tx() as s:
+        await s.execute(delete(Agent).where(Agent.name == "helper"))
+    refused = await machine.refused(sid, "resume")
+    assert (refused.status_code, refused.message) == (404, "Agent helper not found")
+    assert (await machine.row(sid)).status == "paused"
+    assert await machine.lifecycle(sid) == ["created", "paused"]
+    assert machine.resumes == []
+    async with machine.sessions.db.tx() as s:  # deployed again: the kept sandbox resumes warm
+        s.add(Agent(id="a1", tenant_id=TENANT, name="helper", path="/elsewhere"))
+    resumed = await machine.ask(sid, "resume")
+    assert (resumed["status"], resumed["sandboxId"]) == ("active", view["sandboxId"])
+    assert machine.resumes == [("warm", sid)]
 
 
 async def test_stop_of_a_session_still_starting(machine: Machine) -> None:
