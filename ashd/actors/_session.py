@@ -10,6 +10,7 @@ the state the last finished transition left.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -562,30 +563,42 @@ class SessionActor(StagedActor):
         yield from self._release(handle, conn)
 
     def _release(self, handle: SandboxHandle | None, conn: Any) -> Stage[None]:
+        self._live_changes = None  # the next sandbox's init reads the stored config
+        if handle is not None and self.deps.warmer is not None:
+            self.deps.warmer.discard(handle.sandbox_id)  # a preparation nobody took
+        if conn is not None or handle is not None:
+            # One stage on the loop for the three steps (each was a trip there and back of its own).
+            try:
+                yield OnLoop(self._let_go(handle, conn), timeout=self.deps.shutdown_grace + 1 + self.deps.ask_timeout)
+            except Exception:
+                log.warning("letting a sandbox go timed out", exc_info=True, extra={"sessionId": self.session_id})
+        if handle is not None:
+            self.deps.pool.release(handle.sandbox_id)
+
+    async def _let_go(self, handle: SandboxHandle | None, conn: Any) -> None:
+        """On the loop: ask the bridge to shut down, store the sandbox's last log lines, detach its
+        model proxy. Each step is best effort; the pool's release that follows stops the sandbox."""
         if conn is not None:
             try:
-                yield OnLoop(conn.shutdown(), timeout=self.deps.shutdown_grace + 1)
-            except Exception:  # noqa: BLE001 - best effort: the ladder's signals follow anyway
+                await asyncio.wait_for(conn.shutdown(), self.deps.shutdown_grace + 1)
+            except Exception:  # noqa: BLE001 - the ladder's signals follow anyway
                 log.debug("bridge shutdown request failed", extra={"sessionId": self.session_id})
-        self._live_changes = None  # the next sandbox's init reads the stored config
-        if handle is not None:
-            if self.deps.warmer is not None:
-                self.deps.warmer.discard(handle.sandbox_id)  # a preparation nobody took
-            if self.deps.session_logs is not None:
-                try:
-                    yield self.deps.session_logs.detach(self.session_id)
-                except StorageError as exc:  # a full data disk: the operator's outage, said without a traceback
-                    log.warning("could not store the sandbox's last log lines: %s", exc.message,
-                                extra={"sessionId": self.session_id})
-                except Exception:
-                    log.warning("could not store the sandbox's last log lines", exc_info=True,
-                                extra={"sessionId": self.session_id})
-            if self.deps.model_proxy is not None:
-                try:
-                    yield self.deps.model_proxy.stop_for(handle.sandbox_id)
-                except Exception:  # noqa: BLE001 - the socket goes away with the sandbox dir anyway
-                    log.debug("model proxy detach failed", extra={"sandboxId": handle.sandbox_id})
-            self.deps.pool.release(handle.sandbox_id)
+        if handle is None:
+            return
+        if self.deps.session_logs is not None:
+            try:
+                await self.deps.session_logs.detach(self.session_id)
+            except StorageError as exc:  # a full data disk: the operator's outage, said without a traceback
+                log.warning("could not store the sandbox's last log lines: %s", exc.message,
+                            extra={"sessionId": self.session_id})
+            except Exception:
+                log.warning("could not store the sandbox's last log lines", exc_info=True,
+                            extra={"sessionId": self.session_id})
+        if self.deps.model_proxy is not None:
+            try:
+                await self.deps.model_proxy.stop_for(handle.sandbox_id)
+            except Exception:  # noqa: BLE001 - the socket goes away with the sandbox dir anyway
+                log.debug("model proxy detach failed", extra={"sandboxId": handle.sandbox_id})
 
     def _release_now(self, handle: SandboxHandle) -> None:
         if self.deps.warmer is not None:

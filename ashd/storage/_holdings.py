@@ -106,30 +106,29 @@ class TenantStorage:
                        "API keys": s.tenant_max_api_keys}[kind])
 
     async def holdings(self, tenant: str) -> Holdings:
+        def of(model: Any, *columns: Any) -> list[Any]:
+            return [select(c).select_from(model).where(model.tenant_id == tenant).scalar_subquery() for c in columns]
+
+        def total(column: Any) -> Any:
+            return func.coalesce(func.sum(column), 0)
+
+        # One statement (one trip to the database) of scalar subqueries: a create checks this sum.
+        query = select(*of(Agent, func.count(), total(Agent.stored_bytes)),
+                       *of(Session, func.count(), total(Session.message_count), total(Session.event_count),
+                           total(Session.stored_bytes)),
+                       *of(Credential, func.count()), *of(ApiKey, func.count()),
+                       *of(Attachment, func.count(), total(Attachment.size)))
         async with self._db.read() as s:
-            agents, agent_bytes = (await s.execute(
-                select(func.count(), func.coalesce(func.sum(Agent.stored_bytes), 0)).where(Agent.tenant_id == tenant)
-            )).one()
-            history = (await s.execute(
-                select(func.count(), func.coalesce(func.sum(Session.message_count), 0),
-                       func.coalesce(func.sum(Session.event_count), 0),
-                       func.coalesce(func.sum(Session.stored_bytes), 0)).where(Session.tenant_id == tenant)
-            )).one()
+            (agents, agent_bytes, sessions, messages, events, history_bytes, credentials, api_keys, attachments,
+             attachment_bytes) = (await s.execute(query)).one()
             # Snapshot sizes are per session on the board: their ids, only when there are any.
             ids = list((await s.execute(select(Session.id).where(Session.tenant_id == tenant))).scalars()
                        ) if self._board is not None and self._board.sessions() else []
-            credentials = (await s.execute(
-                select(func.count()).select_from(Credential).where(Credential.tenant_id == tenant))).scalar_one()
-            api_keys = (await s.execute(
-                select(func.count()).select_from(ApiKey).where(ApiKey.tenant_id == tenant))).scalar_one()
-            attachments, attachment_bytes = (await s.execute(
-                select(func.count(), func.coalesce(func.sum(Attachment.size), 0)).where(Attachment.tenant_id == tenant)
-            )).one()
         snapshots, snapshot_bytes = self._board.totals(ids) if self._board is not None else (0, 0)
         held = Holdings(
-            agents=int(agents), agent_bytes=int(agent_bytes), sessions=int(history[0]),
-            messages=int(history[1]), events=int(history[2]),
-            history_bytes=int(history[3]), snapshots=snapshots, snapshot_bytes=snapshot_bytes,
+            agents=int(agents), agent_bytes=int(agent_bytes), sessions=int(sessions),
+            messages=int(messages), events=int(events),
+            history_bytes=int(history_bytes), snapshots=snapshots, snapshot_bytes=snapshot_bytes,
             credentials=int(credentials), api_keys=int(api_keys),
             attachments=int(attachments), attachment_bytes=int(attachment_bytes),
         )

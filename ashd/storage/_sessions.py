@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -10,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, and_, delete, insert, or_, select, update
+from sqlalchemy import Insert, Select, Table, Update, and_, bindparam, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
 
@@ -25,6 +26,35 @@ _AGENTS = cast(Table, Agent.__table__)
 _MESSAGES = cast(Table, Message.__table__)
 # Statuses in which a session is held by the runner its row names (its sandbox lives there).
 LIVE_STATUSES = ("active", "starting")
+
+
+@functools.lru_cache(maxsize=64)
+def _transition_update(columns: tuple[str, ...], fenced: bool) -> Update:
+    """A transition's UPDATE, built once per set of columns it sets: building and coercing the
+    statement, and its cache key, cost more than SQLite takes to run it (docs/performance.md)."""
+    c = _SESSIONS.c
+    statement = update(_SESSIONS).where(c.id == bindparam("_id"))
+    if fenced:
+        statement = statement.where(or_(c.runner_id == bindparam("_fence"), c.runner_id.is_(None),
+                                        c.status.notin_(LIVE_STATUSES)))
+    return statement.values(
+        status=bindparam("_status"), updated_at=bindparam("_now", type_=c.updated_at.type),
+        next_event_seq=c.next_event_seq + 1, event_count=c.event_count + 1,
+        stored_bytes=c.stored_bytes + bindparam("_size"),
+        **{name: bindparam(f"_v_{name}", type_=c[name].type) for name in columns},
+    ).returning(*c)
+
+
+_AGENT_EXISTS = select(_AGENTS.c.id).where(_AGENTS.c.tenant_id == bindparam("_tenant"),
+                                           _AGENTS.c.name == bindparam("_agent"))
+_INSERT_EVENT: Insert = insert(_EVENTS)
+_INSERT_MESSAGE: Insert = insert(_MESSAGES)
+# A user message: count it, allocate its sequence and open the turn, in one statement built once.
+_USER_MESSAGE_UPDATE: Update = update(_SESSIONS).where(_SESSIONS.c.id == bindparam("_id")).values(
+    next_message_seq=_SESSIONS.c.next_message_seq + 1,
+    last_active_at=bindparam("_now", type_=_SESSIONS.c.last_active_at.type), turn_open=True,
+    message_count=_SESSIONS.c.message_count + 1, stored_bytes=_SESSIONS.c.stored_bytes + bindparam("_size"),
+).returning(_SESSIONS.c.next_message_seq)
 
 
 class SessionHeldElsewhere(Conflict):
@@ -190,31 +220,26 @@ class Sessions:
         if self.owner_id and values.get("sandbox_id"):
             values["owner_id"] = self.owner_id  # this process claimed a sandbox for it: its sweep's now
 
+        statement = _transition_update(tuple(sorted(values)), fence is not None)
+        params = {"_id": session_id, "_fence": fence, "_status": status, "_now": now, "_size": _size(data),
+                  **{f"_v_{name}": value for name, value in values.items()}}
+        if fence is None:
+            del params["_fence"]
+
         def run(s: SyncSession) -> Session:
-            if agent is not None and s.execute(select(_AGENTS.c.id).where(
-                    _AGENTS.c.tenant_id == tenant, _AGENTS.c.name == agent)).first() is None:
+            conn = s.connection()  # Core on the session's transaction: the ORM adds nothing here
+            if agent is not None and conn.execute(_AGENT_EXISTS, {"_tenant": tenant, "_agent": agent}).first() is None:
                 raise NotFound(f"Agent {agent} not found")
-            # Core statements: the ORM's identity-map work costs a third of this transaction.
-            statement = update(_SESSIONS).where(_SESSIONS.c.id == session_id)
-            if fence is not None:
-                statement = statement.where(or_(_SESSIONS.c.runner_id == fence, _SESSIONS.c.runner_id.is_(None),
-                                                _SESSIONS.c.status.notin_(LIVE_STATUSES)))
-            mapping = s.execute(
-                statement
-                .values(status=status, updated_at=now, next_event_seq=_SESSIONS.c.next_event_seq + 1,
-                        event_count=_SESSIONS.c.event_count + 1,
-                        stored_bytes=_SESSIONS.c.stored_bytes + _size(data), **values)
-                .returning(*_SESSIONS.c)
-            ).mappings().one_or_none()
+            mapping = conn.execute(statement, params).mappings().one_or_none()
             if mapping is None:
-                holder = s.execute(select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == session_id)).one_or_none()
+                holder = conn.execute(select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == session_id)).one_or_none()
                 if holder is None:
                     raise NotFound(f"Session {session_id} not found")
                 raise SessionHeldElsewhere(f"Session {session_id} now runs on runner {holder[0]}; this runner's "
                                            "copy of it is stale and was let go")
-            s.execute(insert(_EVENTS).values(
-                id=new_id(), session_id=session_id, tenant_id=tenant, type="lifecycle", data=data,
-                sequence=mapping["next_event_seq"], created_at=now))
+            conn.execute(_INSERT_EVENT, {"id": new_id(), "session_id": session_id, "tenant_id": tenant,
+                                         "type": "lifecycle", "data": data, "sequence": mapping["next_event_seq"],
+                                         "created_at": now})
             return Session(**dict(mapping))
 
         return run
@@ -299,17 +324,13 @@ class Sessions:
         def run(s: SyncSession) -> int:
             # Core statements, the sequence allocated by the same UPDATE that counts the message: on
             # the path of every message, and the ORM's bulk-update bookkeeping cost more than the SQL.
-            seq = s.execute(
-                update(_SESSIONS).where(_SESSIONS.c.id == session_id)
-                .values(next_message_seq=_SESSIONS.c.next_message_seq + 1, last_active_at=now, turn_open=True,
-                        message_count=_SESSIONS.c.message_count + 1,
-                        stored_bytes=_SESSIONS.c.stored_bytes + _size(body))
-                .returning(_SESSIONS.c.next_message_seq)
-            ).scalar_one_or_none()
+            conn = s.connection()
+            seq = conn.execute(_USER_MESSAGE_UPDATE, {"_id": session_id, "_now": now,
+                                                      "_size": _size(body)}).scalar_one_or_none()
             if seq is None:
                 raise NotFound(f"Session {session_id} not found")
-            s.execute(insert(_MESSAGES).values(id=message_id, session_id=session_id, tenant_id=tenant, role="user",
-                                               content=body, sequence=seq, created_at=now))
+            conn.execute(_INSERT_MESSAGE, {"id": message_id, "session_id": session_id, "tenant_id": tenant,
+                                           "role": "user", "content": body, "sequence": seq, "created_at": now})
             if attachments:
                 s.execute(update(Attachment).where(
                     Attachment.id.in_([a["id"] for a in attachments]), Attachment.session_id == session_id,
