@@ -57,6 +57,7 @@ class SessionActor(StagedActor):
         self.session_id = session_id
         self.tenant = tenant
         self.row: Session | None = None
+        self._turn_since_row = False  # a turn ended since `row` was read or stored (see `_fresh_row`)
         self.handle: SandboxHandle | None = None
         self.conn: Any = None
         self.turn: TurnTicket | None = None
@@ -71,7 +72,7 @@ class SessionActor(StagedActor):
     # --- reads ---------------------------------------------------------------------------------
     @staged
     def view(self) -> Stage[dict[str, Any]]:
-        return session_json((yield from self._row()))
+        return session_json((yield from self._fresh_row()))
 
     def _shared_row(self) -> Stage[Session]:
         """The row as the database has it, on a runner: coordinators change sessions there too (a
@@ -82,9 +83,18 @@ class SessionActor(StagedActor):
         return (yield from self._row())
 
     def _row(self) -> Stage[Session]:
+        """The row as this actor last stored or read it: right about everything but what a turn
+        changed since (lastActiveAt and the counts), which only answers that show the row need."""
         if self.row is None:
             self.row = yield self.deps.sessions.get(self.tenant, self.session_id)
+            self._turn_since_row = False
         return self.row
+
+    def _fresh_row(self) -> Stage[Session]:
+        """The row with what the turns since it was read changed in storage: for an answer that shows it."""
+        if self._turn_since_row:
+            self.row = None
+        return (yield from self._row())
 
     # --- create / resume -----------------------------------------------------------------------
     @staged
@@ -126,7 +136,7 @@ class SessionActor(StagedActor):
         if row.status == "ended":
             raise Gone("Session has ended; create a new session")
         if row.status == "active" and self.conn is not None:
-            return session_json(row)
+            return session_json((yield from self._fresh_row()))
         # Resuming needs the agent on either path (404 "session or agent not found"); a session
         # that is still active keeps working without it (DELETE removes the registration only).
         # A warm resume needs nothing of it but its existence, checked in the transition's own
@@ -459,7 +469,9 @@ class SessionActor(StagedActor):
         self.turn = None
         if self.handle is not None and self._execs == 0:
             self.deps.pool.mark_waiting(self.handle.sandbox_id)
-        self.row = None  # lastActiveAt changed in storage; read it again on next view
+        # lastActiveAt and the counts changed in storage, not the status: a pause right after the turn
+        # decides on the row it has (its transition returns the new one); a view reads it again.
+        self._turn_since_row = True
         # The interrupted turn is stored: the pause asked for meanwhile happens now. Its waiters stay
         # listed until answered, so that a stop meanwhile answers them (`_abandon_pauses`).
         if self._pause_waiters:
@@ -512,6 +524,7 @@ class SessionActor(StagedActor):
             self.row = None  # the next request reads the row as it is
             yield from self._drop_sandbox()
             raise
+        self._turn_since_row = False  # the transition returned the row as stored now
         if self.deps.on_status is not None and before != status:
             try:  # a status change stands whatever its listener does
                 self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})

@@ -28,6 +28,13 @@ ZYGOTE_PRELOAD = (
 )
 
 
+def zygote_warm() -> None:
+    """Called once by the fork server after the preloads: the model client's first-request work."""
+    from ashd.bridge._warm import warm
+
+    warm()
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ashd.bridge", description="ashd in-sandbox bridge")
     parser.add_argument("--socket", default="/run/ashd/bridge.sock", help="Unix socket to listen on")

@@ -47,6 +47,13 @@ def _load_entry(spec: str) -> Callable[[list[str]], object] | None:
             importlib.import_module(name)
         except ImportError as exc:
             print(f"zygote: cannot preload {name}: {exc}", file=sys.stderr)
+    # And may warm up what its children's first request would build (paid once here, shared by all).
+    warm = getattr(mod, "zygote_warm", None)
+    if callable(warm):
+        try:
+            warm()
+        except Exception as exc:  # noqa: BLE001 - a warm-up is an optimisation: the children work without it
+            print(f"zygote: warm-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     entry = getattr(mod, func, None)
     return entry if callable(entry) else None
 

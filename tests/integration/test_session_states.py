@@ -64,15 +64,19 @@ async def test_state_table(sapi: Api, capsys: pytest.CaptureFixture[str]) -> Non
     assert status == 200 and frames[-1].event == "done"
     status, body = await sapi.call("GET", f"/api/sessions/{sid}")
     assert body["session"]["lastActiveAt"] > before
+    after_turn = body["session"]["lastActiveAt"]
 
-    # active → resume is a no-op returning the session as is
+    # active → resume is a no-op returning the session as is (as stored since the turn)
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
     assert status == 200 and body["session"]["status"] == "active"
     assert body["session"]["sandboxId"] == session["sandboxId"]
+    assert body["session"]["lastActiveAt"] == after_turn
 
     # active → paused; paused → active (warm: the sandbox stayed alive)
+    status, _ = await send(sapi, sid, "second message")
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/pause")
     assert status == 200 and body["session"]["status"] == "paused"
+    assert body["session"]["lastActiveAt"] > after_turn  # the second turn's, not a copy from before it
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
     assert status == 200 and body["session"]["status"] == "active"
     assert body["session"]["sandboxId"] == session["sandboxId"]

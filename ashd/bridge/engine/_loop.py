@@ -79,13 +79,13 @@ class _Query:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, log_fn: LogFn) -> None:
+    def __init__(self, config: EngineConfig, log_fn: LogFn, client: anthropic.AsyncAnthropic | None = None) -> None:
         self.config = config
         self.session_id = config.session_id or m.new_uuid()
         self.messages: list[dict[str, Any]] = [dict(x) for x in config.history]
         self.permissions = self._permissions()
         self.mcp = McpManager(config.workspace, config.tool_env(), log_fn)
-        self._client: anthropic.AsyncAnthropic | None = None
+        self._client: anthropic.AsyncAnthropic | None = client  # None: made at the first model call
         self._query: _Query | None = None
         # The main conversation's last measured size (compaction); subagents measure their own.
         self._measure = Measure()

@@ -1,0 +1,109 @@
+"""Warm-up of a session's first turn, run once in the fork server (zygote).
+
+The anthropic SDK builds its pydantic validators and serializers on first use (the request's
+parameter transform, each stream event's model and `to_dict`), and the engine its tools and
+prompts. In a fresh process that costs ~30 ms (idle machine; more under load) of a session's first
+message, and each sandbox's bridge built its own copy (private memory). Run once in the zygote
+before it forks, the work is inherited by every sandbox's bridge and shared copy-on-write. One
+streamed request through the SDK and one turn of the built-in engine, both answered by an
+in-process transport: no network, no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2
+
+_EVENTS: list[dict[str, Any]] = [
+    {"type": "message_start", "message": {"id": "msg_warm", "type": "message", "role": "assistant", "model": "warm",
+                                          "content": [], "stop_reason": None, "stop_sequence": None,
+                                          "usage": {"input_tokens": 1, "output_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "."}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "ok"}},
+    {"type": "content_block_stop", "index": 1},
+    {"type": "content_block_start", "index": 2,
+     "content_block": {"type": "tool_use", "id": "toolu_warm", "name": "warm", "input": {}}},
+    {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
+    {"type": "content_block_stop", "index": 2},
+    {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+     "usage": {"output_tokens": 2}},
+    {"type": "message_stop"},
+]
+_BODY = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in _EVENTS).encode()
+
+
+# A plain answer for the engine's turn (a tool use would make it run a tool).
+_TEXT_EVENTS: list[dict[str, Any]] = [
+    _EVENTS[0],
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+     "usage": {"output_tokens": 1}},
+    _EVENTS[-1],
+]
+_TEXT_BODY = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in _TEXT_EVENTS).encode()
+
+
+def _client(body: bytes) -> anthropic.AsyncAnthropic:
+    def answer(_request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    return anthropic.AsyncAnthropic(base_url="http://warm-up", api_key="warm-up", http_client=http, max_retries=0)
+
+
+async def _quiet(*_args: Any) -> None:
+    return None
+
+
+async def _one_turn() -> None:
+    from ashd.bridge.engine import Engine, EngineConfig, QueryOptions
+
+    with tempfile.TemporaryDirectory(prefix="ashd-warm-") as workspace:
+        config = EngineConfig.from_init({"systemPrompt": "warm"}, Path(workspace), None)
+        engine = Engine(config, _quiet, client=_client(_TEXT_BODY))
+        await engine.start()
+        try:
+            await engine.query("warm", emit=_quiet, options=QueryOptions())
+        finally:
+            await engine.close()
+
+
+async def _one_request() -> None:
+    client = _client(_BODY)
+    try:
+        stream = await client.messages.create(
+            model="warm-up", max_tokens=16, stream=True,
+            system=[{"type": "text", "text": "warm", "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": [{"type": "text", "text": "warm"}]},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "warm", "input": {}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+            tools=[{"name": "warm", "description": "warm", "input_schema": {"type": "object", "properties": {}}}],
+        )
+        async with stream:
+            async for event in stream:
+                event.to_dict()
+    finally:
+        await client.close()
+
+
+async def _both() -> None:
+    await _one_request()
+    await _one_turn()
+
+
+def warm() -> None:
+    """One streamed request through the SDK and one engine turn, answered in process; raises what
+    it meets."""
+    asyncio.run(_both())
