@@ -59,7 +59,6 @@ class _Entry:
     network: bool = False
     seccomp: str = "default"
     disk_bytes: int = 0  # size of its disk (SandboxLimits.disk_bytes)
-    ready: bool = False
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
     configured: bool = False
@@ -152,9 +151,6 @@ class PoolActor(AioActor):
         entry = self._entries.get(sandbox_id)
         return entry.proc.poll() if entry is not None and entry.proc is not None else None
 
-    def pss_bytes(self) -> dict[str, int]:
-        return {e.sandbox_id: e.proc.pss_bytes() for e in self._entries.values() if e.proc is not None}
-
     # --- claims and transitions ---------------------------------------------------------------
     def claim(self, tenant: str, session_id: str, network: bool = False, seccomp: str = "default",
               disk_bytes: int | None = None) -> SandboxHandle:
@@ -208,7 +204,6 @@ class PoolActor(AioActor):
         if entry.session_id is not None:
             entry.configured = True
         if entry.state is PoolState.WARMING:
-            entry.ready = True
             entry.state = PoolState.WAITING if entry.session_id else PoolState.WARM
         self._publish()
 
@@ -261,7 +256,6 @@ class PoolActor(AioActor):
             self._refill()
         elif entry.state is PoolState.WARMING and entry.session_id is None:
             entry.state = PoolState.WARM
-            entry.ready = True
             if self._warmer is not None:
                 entry.prepared = True
                 self._warmer.prepare(sandbox_id, self._launcher.paths_for(sandbox_id))
