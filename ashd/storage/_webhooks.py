@@ -62,6 +62,18 @@ class Webhooks:
     def __init__(self, db: Database, cipher: Cipher) -> None:
         self._db = db
         self._cipher = cipher
+        # (tenant, event) pairs known to have no enabled hook: every session status change asks, and
+        # most tenants have none. Only on SQLite, where this process owns the database, so every
+        # hook change goes through `_changed` here; with PostgreSQL other processes change hooks.
+        self._unheard: set[tuple[str, str]] = set()
+        self._cacheable = db.dialect == "sqlite"
+        self._generation = 0  # bumped after each committed hook change
+
+    def _changed(self) -> None:
+        """After a hook change commits: forget what was known (an enqueue reading meanwhile sees the
+        generation move and does not cache its answer)."""
+        self._generation += 1
+        self._unheard.clear()
 
     # --- hooks ---------------------------------------------------------------------------------
     async def create(self, tenant: str, url: str, events: list[str], description: str | None) -> tuple[Webhook, str]:
@@ -80,6 +92,7 @@ class Webhooks:
             s.add(row)
             await s.flush()
             s.expunge(row)
+        self._changed()
         return row, secret
 
     async def list(self, tenant: str) -> builtins.list[Webhook]:
@@ -103,6 +116,7 @@ class Webhooks:
                                      .values(updated_at=utcnow(), **values))
             if not result.rowcount:  # type: ignore[attr-defined]
                 raise NotFound(f"Webhook {webhook_id} not found")
+        self._changed()
         return await self.get(tenant, webhook_id)
 
     async def delete(self, tenant: str, webhook_id: str) -> None:
@@ -111,6 +125,7 @@ class Webhooks:
             if not result.rowcount:  # type: ignore[attr-defined]
                 raise NotFound(f"Webhook {webhook_id} not found")
             await s.execute(delete(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id))
+        self._changed()
 
     async def deliveries(self, tenant: str, webhook_id: str, limit: int) -> builtins.list[WebhookDelivery]:
         await self.get(tenant, webhook_id)  # 404 for another tenant's hook
@@ -129,8 +144,13 @@ class Webhooks:
         # Every session status change comes here, mostly for tenants with no hook: a read answers them
         # without taking SQLite's write lock, which the next transition (a resume right after a pause)
         # would otherwise wait for. A hook added between this read and an event is a race either way.
+        if webhook_id is None and (tenant, event) in self._unheard:
+            return []
+        generation = self._generation
         async with self._db.read() as s:
             if not any(webhook_id or event in json.loads(events) for _, events in (await s.execute(query)).all()):
+                if webhook_id is None and self._cacheable and generation == self._generation:
+                    self._unheard.add((tenant, event))
                 return []
         async with self._db.tx() as s:
             hooks = [hid for hid, events in (await s.execute(query)).all()

@@ -353,6 +353,34 @@ async def test_pause_and_resume_send_status_changes(wapi: Api, receiver: Receive
     assert status == 409 and "disabled" in body["error"]
 
 
+@pytest.mark.sandbox
+async def test_a_hook_hears_the_status_changes_after_it_is_added_enabled_or_disabled(
+        wapi: Api, receiver: Receiver) -> None:
+    """Status changes before any hook exist answer `nobody listens` without storing anything; a hook
+    added, disabled, enabled again or deleted after that changes who hears the next one at once."""
+    await deploy(wapi)
+    sid = (await create(wapi))["id"]
+    assert (await wapi.call("POST", f"/api/sessions/{sid}/pause"))[0] == 200  # nobody listens yet
+    hook, secret = await register(wapi, receiver.url, ["session.status_changed"])
+    assert (await wapi.call("POST", f"/api/sessions/{sid}/resume"))[0] == 200
+    assert len(await deliveries(wapi, hook, "delivered")) == 1  # the resume's, not the pause's before it
+    assert (await wapi.call("PATCH", f"/api/webhooks/{hook}", json={"enabled": False}))[0] == 200
+    assert (await wapi.call("POST", f"/api/sessions/{sid}/pause"))[0] == 200  # disabled: not stored
+    status, body = await wapi.call("GET", f"/api/webhooks/{hook}/deliveries")
+    assert status == 200 and len(body["deliveries"]) == 1
+    assert (await wapi.call("PATCH", f"/api/webhooks/{hook}", json={"enabled": True}))[0] == 200
+    assert (await wapi.call("POST", f"/api/sessions/{sid}/resume"))[0] == 200
+    got = await receiver.wait_for("session.status_changed", 2)
+    mine = [(c["from"], c["to"]) for c in (verify(secret, r.headers, r.body)["data"] for r in got)
+            if c["sessionId"] == sid]
+    assert mine == [("paused", "active"), ("paused", "active")], mine
+    other, _ = await register(wapi, receiver.url + "?other", ["session.status_changed"])
+    status, _ = await wapi.call("DELETE", f"/api/webhooks/{hook}")
+    assert status in (200, 204)
+    assert (await wapi.call("POST", f"/api/sessions/{sid}/pause"))[0] == 200
+    assert len(await deliveries(wapi, other, "delivered")) == 1
+
+
 async def test_crud_tenants_and_strict_input(api: Api) -> None:
     # A public address, literal: registration resolves and checks it, it does not connect.
     status, body = await api.call("POST", "/api/webhooks", json={"url": "https://8.8.8.8/hook",
