@@ -131,10 +131,12 @@ def run_target(target: Target, excluded: list[str], factor: float, min_timeout: 
             shutil.rmtree(work, ignore_errors=True)
 
 
-def recheck(session: Path, target: Target, timeout: float) -> Score:
+def recheck(session: Path, target: Target, factor: float, min_timeout: float) -> Score:
     """Run the current tests against the survivors of an earlier session (after adding tests).
 
-    Valid when tests were only added since: a mutant an unchanged test killed stays killed.
+    Valid when tests were only added since: a mutant an unchanged test killed stays killed. Each
+    mutant gets `factor` times the unmutated run, timed here first (as a full run does), so that a
+    loaded machine's slow run is not taken for a kill.
     """
     started = time.monotonic()
     dump = subprocess.run([_bin("cosmic-ray"), "dump", str(session)], check=True, capture_output=True,
@@ -145,6 +147,10 @@ def recheck(session: Path, target: Target, timeout: float) -> Score:
         _copy_checkout(work)
         env = _env(work)
         pristine = (work / target.module).read_bytes()
+        base = time.monotonic()
+        if subprocess.run(_pytest_command(target.tests), cwd=work, env=env, capture_output=True).returncode != 0:
+            raise SystemExit(f"the tests of {target.module} fail unmutated; fix them before a recheck")
+        timeout = max(min_timeout, factor * (time.monotonic() - base))
         still: list[str] = []
         for line in dump.splitlines():
             if not line.strip():
@@ -234,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         named = [t for t in targets if any(m in t.module for m in args.modules)]
         if len(named) != 1:
             parser.error("--recheck needs the one module its session is of")
-        _print(recheck(args.recheck, named[0], max(min_timeout, 60.0)), args.survivors)
+        _print(recheck(args.recheck, named[0], factor, min_timeout), args.survivors)
         return 0
     if args.list:
         for t in targets:
