@@ -11,7 +11,7 @@ In-process:
     url = await fake.start()                      # http://127.0.0.1:<free port>
     fake.script("tok-1", [{"content": [{"type": "text", "text": "hi"}]}])
     ...
-    fake.requests                                 # [{"path", "headers", "body"}, ...]
+    fake.requests                                 # [{"path", "headers", "header_list", "body"}, ...]
     await fake.stop()
 """
 
@@ -127,8 +127,11 @@ class FakeModel:
 
     def _record(self, request: web.Request, body: Any) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
+        # Every header line as sent, repeats included (`headers` keeps the last of a repeated name).
+        header_list = [[k.lower(), v] for k, v in request.headers.items()]
         with self._lock:
-            self._requests.append({"path": request.path_qs, "headers": headers, "body": body})
+            self._requests.append({"path": request.path_qs, "headers": headers, "header_list": header_list,
+                                   "body": body})
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         body = await request.json()
