@@ -103,6 +103,8 @@ class FakeModel:
                        f"Found {count_breakpoints(body)}.")
             return web.json_response(error_body(400, message), status=400)
         turn = self.scripts.pick(body)
+        if turn.get("wait"):  # a slow first byte: nothing is sent back until then
+            await asyncio.sleep(float(turn["wait"]))
         err = turn.get("error")
         if isinstance(err, dict):
             status = int(err.get("status", 500))

@@ -332,6 +332,27 @@ async def test_an_abandoned_stream_is_still_billed(proxied: Harness, fake_model:
     assert rec.cost_usd >= 0.1
 
 
+async def test_a_call_abandoned_before_the_reply_started_is_still_billed(proxied: Harness,
+                                                                          fake_model: FakeModel) -> None:
+    fake_model.script("ABANDON-EARLY", [{"content": [{"type": "text", "text": "late"}], "usage": BIG, "wait": 0.5}])
+    call = asyncio.ensure_future(proxied.post(body("ABANDON-EARLY", stream=True)))
+    for _ in range(400):  # the API has the request and is slow to answer
+        if fake_model.requests_containing("ABANDON-EARLY"):
+            break
+        await asyncio.sleep(0.01)
+    call.cancel()  # the sandbox hangs up before the reply's headers
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    for _ in range(200):
+        records = await proxied.records()
+        if records:
+            break
+        await asyncio.sleep(0.05)
+    (rec,) = records
+    assert (rec.outcome, rec.reason, rec.input_tokens) == ("aborted", "client_gone", 100_000)
+    assert rec.cost_usd >= 0.1
+
+
 async def test_refusal_records_are_bounded(make: Any, fake_model: FakeModel) -> None:
     h = await make(ModelPolicy(prices=PRICES), turn=False)
     for _ in range(70):
