@@ -557,7 +557,8 @@ async def test_suppressed_refusals_are_counted_in_the_next_row(make: Any) -> Non
     h = await make(ModelPolicy(prices=PRICES), turn=False)
     for _ in range(63):
         refusal(await h.post(body("FLOOD-2")), 403, "permission_error", "no_turn")  # all refused, 60 listed
-    assert len(await h.records()) == 60
+    listed = await h.records()
+    assert len(listed) == 60 and not any("more refusals" in (r.detail or "") for r in listed)
     h.proxy._bound["sb1"].refusal_log.at -= 1.0  # a second passes: room for one more row
     await h.post(body("FLOOD-2"))
     h.proxy._bound["sb1"].refusal_log.at -= 1.0
@@ -584,3 +585,13 @@ async def test_token_counting_does_not_free_a_budget_held_by_a_call_in_flight(ma
     assert fake_model.requests_containing("HELD-3") == []
     # Settled: the slow call cost little, the counting nothing; the rest of the budget is there again.
     assert (await h.post(body("HELD-4", max_tokens=1000))).status_code == 200
+
+
+async def test_each_call_is_billed_at_its_models_price(make: Any, fake_model: FakeModel) -> None:
+    fake_model.script("PRICE-1", [{"content": [{"type": "text", "text": "priced"}], "usage": BIG}])
+    prices = PriceTable((("claude-haiku-*", Price(2.0, 20.0, 2.0, 0.2)), ("*", Price(1.0, 10.0, 1.0, 0.1))))
+    h = await make(ModelPolicy(prices=prices))
+    assert (await h.post(body("PRICE-1", model="claude-haiku-4-5"))).status_code == 200
+    assert (await h.post(body("PRICE-1"))).status_code == 200
+    assert [(r.model, r.cost_usd) for r in await h.records()] == [("claude-haiku-4-5", pytest.approx(1.2)),
+                                                                  (MODEL, pytest.approx(0.6))]
