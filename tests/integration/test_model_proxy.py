@@ -595,3 +595,29 @@ async def test_each_call_is_billed_at_its_models_price(make: Any, fake_model: Fa
     assert (await h.post(body("PRICE-1"))).status_code == 200
     assert [(r.model, r.cost_usd) for r in await h.records()] == [("claude-haiku-4-5", pytest.approx(1.2)),
                                                                   (MODEL, pytest.approx(0.6))]
+
+
+async def test_a_reply_that_stops_coming_is_recorded_as_broken(fake_model: FakeModel) -> None:
+    fake_model.script("BROKE-1", [{"content": [{"type": "text", "text": "never"}], "usage": BIG, "delay": 1.0}])
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    stored: list[ModelCallRecord] = []
+
+    async def store(records: Sequence[ModelCallRecord]) -> None:
+        stored.extend(records)
+
+    proxy = ModelProxy(fake_model.url, timeout_s=0.2, policy=ModelPolicy(prices=PRICES), store=store)
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+        proxy.begin_turn("sb1", "q-1", None, None)
+        resp = await client.post("http://model-proxy/v1/messages", json=body("BROKE-1", stream=True))
+        assert resp.status_code == 200 and "message_stop" not in resp.text  # the reply ends where the API stopped
+        await proxy.flush()
+        (rec,) = stored
+        assert (rec.status, rec.outcome, rec.reason) == (200, "error", "upstream_broke")
+        assert "broke off" in (rec.detail or "")
+    finally:
+        await client.aclose()
+        await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
