@@ -11,7 +11,7 @@ In-process:
     url = await fake.start()                      # http://127.0.0.1:<free port>
     fake.script("tok-1", [{"content": [{"type": "text", "text": "hi"}]}])
     ...
-    fake.requests                                 # [{"path", "headers", "body"}, ...]
+    fake.requests                                 # [{"path", "headers", "header_list", "body"}, ...]
     await fake.stop()
 """
 
@@ -103,6 +103,8 @@ class FakeModel:
                        f"Found {count_breakpoints(body)}.")
             return web.json_response(error_body(400, message), status=400)
         turn = self.scripts.pick(body)
+        if turn.get("wait"):  # a slow first byte: nothing is sent back until then
+            await asyncio.sleep(float(turn["wait"]))
         err = turn.get("error")
         if isinstance(err, dict):
             status = int(err.get("status", 500))
@@ -127,8 +129,11 @@ class FakeModel:
 
     def _record(self, request: web.Request, body: Any) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
+        # Every header line as sent, repeats included (`headers` keeps the last of a repeated name).
+        header_list = [[k.lower(), v] for k, v in request.headers.items()]
         with self._lock:
-            self._requests.append({"path": request.path_qs, "headers": headers, "body": body})
+            self._requests.append({"path": request.path_qs, "headers": headers, "header_list": header_list,
+                                   "body": body})
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         body = await request.json()

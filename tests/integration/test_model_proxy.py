@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
+import signal
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ import httpx2
 import pytest
 
 from ashd.devtools.fake_model import FakeModel
+from ashd.metrics import Metrics
 from ashd.pricing import Price, PriceTable
 from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, SessionModels
 from ashd.sandboxing._model_proxy import ModelProxy
@@ -304,8 +308,9 @@ async def test_the_checked_body_is_the_forwarded_body(proxied: Harness, fake_mod
         resp = await proxied.client.post("http://model-proxy/v1/messages", content=bad)
         refusal(resp, 400, "invalid_request_error", "invalid")
     huge = b'{"model": "m", "max_tokens": 1, "messages": "' + b"x" * (33 * 1024 * 1024) + b'"}'
-    refusal(await proxied.client.post("http://model-proxy/v1/messages", content=huge), 413, "request_too_large",
-            "invalid")
+    message = refusal(await proxied.client.post("http://model-proxy/v1/messages", content=huge), 413,
+                      "request_too_large", "invalid")
+    assert f"limit of {32 * 1024 * 1024} bytes" in message  # the Messages API's own limit
 
 
 async def test_an_abandoned_stream_is_still_billed(proxied: Harness, fake_model: FakeModel) -> None:
@@ -327,6 +332,27 @@ async def test_an_abandoned_stream_is_still_billed(proxied: Harness, fake_model:
     assert rec.cost_usd >= 0.1
 
 
+async def test_a_call_abandoned_before_the_reply_started_is_still_billed(proxied: Harness,
+                                                                          fake_model: FakeModel) -> None:
+    fake_model.script("ABANDON-EARLY", [{"content": [{"type": "text", "text": "late"}], "usage": BIG, "wait": 0.5}])
+    call = asyncio.ensure_future(proxied.post(body("ABANDON-EARLY", stream=True)))
+    for _ in range(400):  # the API has the request and is slow to answer
+        if fake_model.requests_containing("ABANDON-EARLY"):
+            break
+        await asyncio.sleep(0.01)
+    call.cancel()  # the sandbox hangs up before the reply's headers
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    for _ in range(200):
+        records = await proxied.records()
+        if records:
+            break
+        await asyncio.sleep(0.05)
+    (rec,) = records
+    assert (rec.outcome, rec.reason, rec.input_tokens) == ("aborted", "client_gone", 100_000)
+    assert rec.cost_usd >= 0.1
+
+
 async def test_refusal_records_are_bounded(make: Any, fake_model: FakeModel) -> None:
     h = await make(ModelPolicy(prices=PRICES), turn=False)
     for _ in range(70):
@@ -337,3 +363,261 @@ async def test_refusal_records_are_bounded(make: Any, fake_model: FakeModel) -> 
     await h.post(body("POL-FLOOD"))
     last = (await h.records())[-1]
     assert "more refusals not listed" in (last.detail or "")
+
+
+# --- credentials, headers, metrics and the proxy's own failures (mutation run of _model_proxy.py) -------
+
+async def test_no_credential_or_hop_header_of_the_sandbox_reaches_the_api(proxied: Harness,
+                                                                           fake_model: FakeModel) -> None:
+    sent = {"X-Api-Key": "sandbox-dummy", "Proxy-Authorization": "Basic bGVha2Vk", "Authorization": "Bearer leaked",
+            "Connection": "keep-alive", "Keep-Alive": "timeout=5", "TE": "trailers", "Proxy-Connection": "keep-alive",
+            "Accept-Encoding": "gzip, br", "Anthropic-Beta": "tools-2024", "Content-Type": "text/plain"}
+    raw = json.dumps(body("HDR-1")).encode()
+    resp = await proxied.client.post("http://model-proxy/v1/messages", content=raw, headers=sent)
+    assert resp.status_code == 200, resp.text
+    (seen,) = fake_model.requests_containing("HDR-1")
+    lines = seen["header_list"]  # every header line, a repeated one too
+    names = [name for name, _ in lines]
+    assert [value for name, value in lines if name == "x-api-key"] == ["sk-bound"]
+    assert "sandbox-dummy" not in json.dumps(lines) and "leaked" not in json.dumps(lines).lower()
+    for name in ("proxy-authorization", "authorization", "connection", "keep-alive", "te", "proxy-connection"):
+        assert name not in names, name
+    assert [value for name, value in lines if name == "host"] == [fake_model.url.split("://")[1]]  # not "model-proxy"
+    assert [value for name, value in lines if name == "accept-encoding"] == ["identity"]
+    assert [value for name, value in lines if name == "content-type"] == ["application/json"]
+    assert seen["headers"]["anthropic-beta"] == "tools-2024"  # the API's own headers pass
+
+
+async def test_the_servers_key_serves_sessions_without_a_credential(fake_model: FakeModel) -> None:
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    server_key = ["sk-server"]
+    proxy = ModelProxy(fake_model.url + "/", default_key=lambda: server_key[0], policy=ModelPolicy(prices=PRICES))
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        await proxy.start_for("sb1", run / "other.sock")  # idempotent: still the first socket
+        assert (run / "model.sock").stat().st_mode & 0o777 == 0o666  # the sandbox user connects to it
+        assert not (run / "other.sock").exists()
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL)))  # no key of its own
+        proxy.begin_turn("sb1", "q-1", None, None)
+        assert (await client.post("http://model-proxy/v1/messages", json=body("KEY-SERVER"))).status_code == 200
+        proxy.set_key_provider("sb1", lambda: "sk-override")
+        assert (await client.post("http://model-proxy/v1/messages", json=body("KEY-SERVER"))).status_code == 200
+        proxy.set_key_provider("sb1", None)  # back to the server's key
+        assert (await client.post("http://model-proxy/v1/messages", json=body("KEY-SERVER"))).status_code == 200
+        seen = fake_model.requests_containing("KEY-SERVER")
+        assert [r["headers"]["x-api-key"] for r in seen] == ["sk-server", "sk-override", "sk-server"]
+        assert all(r["path"] == "/v1/messages" for r in seen)
+        server_key[0] = ""  # ANTHROPIC_API_KEY unset: a 401, nothing sent
+        resp = await client.post("http://model-proxy/v1/messages", json=body("KEY-SERVER"))
+        refusal(resp, 401, "authentication_error", "no_key")
+        assert len(fake_model.requests_containing("KEY-SERVER")) == 3
+    finally:
+        await client.aclose()
+        await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+async def test_a_stale_socket_is_replaced_and_a_stopped_proxy_is_gone(make: Any, fake_model: FakeModel,
+                                                                      tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    h = await make(ModelPolicy(prices=PRICES))
+    assert signal.getsignal(signal.SIGTERM) == before  # the server's shutdown stays the server's
+    assert (await h.post(body("STOP-1"))).status_code == 200
+    await h.proxy.stop_for("sb1")  # stores the records of its calls without being asked
+    assert [r.outcome for r in h.stored] == ["ok"]
+    with pytest.raises(httpx2.TransportError):
+        await h.post(body("STOP-1"))
+    stale = tmp_path / "model.sock"
+    stale.write_text("left by a killed server")
+    await h.proxy.start_for("sb1", stale)
+    h.proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+    h.proxy.begin_turn("sb1", "q-2", None, None)
+    async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(stale))) as client:
+        assert (await client.post("http://model-proxy/v1/messages", json=body("STOP-2"))).status_code == 200
+    await h.proxy.stop_for("sb1")
+    assert not stale.exists()
+    await h.proxy.stop_for("sb1")  # twice: nothing left to stop
+    await h.proxy.start_for("sb2", stale)
+    await h.proxy.close()  # the server shuts down: every socket goes
+    assert not stale.exists()
+
+
+async def test_metrics_count_forwarded_calls_and_refusals(fake_model: FakeModel) -> None:
+    metrics = Metrics()
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    proxy = ModelProxy(fake_model.url, policy=ModelPolicy(prices=PRICES), metrics=metrics)
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
+    fake_model.script("METRIC-1", [{"content": [{"type": "text", "text": "counted"}], "usage": BIG}])
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        assert (await client.post("http://model-proxy/v1/messages", json=body("METRIC-1"))).status_code == 403
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+        proxy.begin_turn("sb1", "q-1", None, None)
+        assert (await client.post("http://model-proxy/v1/messages", json=body("METRIC-1"))).status_code == 200
+        refused = await client.post("http://model-proxy/v1/messages", json=body("METRIC-1", model="claude-opus-4-1"))
+        assert refused.status_code == 403
+        text = metrics.render().decode()
+        assert f'ash_model_requests_total{{model="{MODEL}",outcome="ok"}} 1.0' in text
+        assert 'outcome="refused"' not in text  # refusals have their own series
+        assert f'ash_model_tokens_total{{model="{MODEL}",type="input"}} 100000.0' in text
+        assert f'ash_model_tokens_total{{model="{MODEL}",type="output"}} 50000.0' in text
+        assert f'ash_model_cost_usd_total{{model="{MODEL}"}} 0.6' in text
+        assert f'ash_model_request_duration_seconds_count{{model="{MODEL}"}} 1.0' in text
+        assert 'ash_model_refusals_total{model="none",reason="no_session"} 1.0' in text  # no body read yet
+        assert 'ash_model_refusals_total{model="claude-opus-4-1",reason="model"} 1.0' in text
+    finally:
+        await client.aclose()
+        await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+async def test_an_unreachable_api_is_a_recorded_502(fake_model: FakeModel) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    stored: list[ModelCallRecord] = []
+
+    async def store(records: Sequence[ModelCallRecord]) -> None:
+        stored.extend(records)
+
+    metrics = Metrics()
+    proxy = ModelProxy(f"http://127.0.0.1:{port}", policy=ModelPolicy(prices=PRICES), store=store, metrics=metrics)
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+        proxy.begin_turn("sb1", "q-1", None, 1.0)
+        resp = await client.post("http://model-proxy/v1/messages", json=body("DOWN-1"))
+        assert resp.status_code == 502
+        assert resp.json()["error"]["type"] == "api_error"
+        assert "could not reach the model API" in resp.json()["error"]["message"]
+        await proxy.flush()
+        (rec,) = stored
+        assert (rec.status, rec.outcome, rec.reason, rec.cost_usd) == (502, "error", "upstream_unreachable", 0)
+        assert rec.latency_ms >= 0 and rec.query_id == "q-1"
+        text = metrics.render().decode()
+        assert f'ash_model_requests_total{{model="{MODEL}",outcome="error"}} 1.0' in text
+        (seconds,) = re.findall(rf'ash_model_request_duration_seconds_sum{{model="{MODEL}"}} (\S+)', text)
+        assert float(seconds) == pytest.approx(rec.latency_ms / 1000, rel=1e-6)
+        summary = proxy.end_turn("sb1", "q-1")
+        assert (summary.calls, summary.cost_usd) == (1, 0)  # the reservation is given back
+    finally:
+        await client.aclose()
+        await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+async def test_only_post_is_forwarded_and_other_paths_are_recorded(proxied: Harness, fake_model: FakeModel) -> None:
+    for method in ("GET", "PUT"):
+        resp = await proxied.client.request(method, "http://model-proxy/v1/messages", json=body("PATH-1"))
+        refusal(resp, 405, "invalid_request_error", "not_forwarded")
+    long_path = "/v1/" + "x" * 300
+    message = refusal(await proxied.client.post(f"http://model-proxy{long_path}", json=body("PATH-1")), 404,
+                      "not_found_error", "not_forwarded")
+    assert message.endswith(f"are forwarded, not {long_path[:200]}")  # the path, cut short
+    records = await proxied.records()
+    assert [(r.endpoint, r.status, r.reason, r.query_id) for r in records] == [
+        ("messages", 405, "not_forwarded", "q-1"), ("messages", 405, "not_forwarded", "q-1"),
+        (long_path[:64], 404, "not_forwarded", "q-1")]
+    assert fake_model.requests_containing("PATH-1") == []
+
+
+async def test_a_config_change_moves_the_sessions_models(proxied: Harness) -> None:
+    refusal(await proxied.post(body("CFG-1", model="claude-opus-4-1")), 403, "permission_error", "model")
+    proxied.proxy.update_models("sb1", SessionModels(MODEL, ("claude-opus-*",)))
+    proxied.proxy.update_models("sb-unknown", SessionModels(MODEL, ("claude-opus-*",)))  # no such sandbox: ignored
+    assert (await proxied.post(body("CFG-1", model="claude-opus-4-1"))).status_code == 200
+    proxied.proxy.end_turn("sb1", "q-1")
+    proxied.proxy.begin_turn("sb1", "q-2", None, None)  # a turn naming no model runs the session's new default
+    proxied.proxy.update_models("sb1", SessionModels("claude-haiku-4-5"))
+    proxied.proxy.end_turn("sb1", "q-2")
+    proxied.proxy.begin_turn("sb1", "q-3", None, None)
+    assert (await proxied.post(body("CFG-1", model="claude-haiku-4-5"))).status_code == 200
+    refusal(await proxied.post(body("CFG-1")), 403, "permission_error", "model")
+
+
+async def test_only_the_running_turn_can_be_ended(proxied: Harness) -> None:
+    assert (await proxied.post(body("TURN-1"))).status_code == 200
+    for earlier in ("q-0", "q-old"):  # a late end of an earlier turn
+        stale = proxied.proxy.end_turn("sb1", earlier)
+        assert (stale.calls, stale.model_ms, stale.cost_usd) == (0, 0, 0)
+    assert (await proxied.post(body("TURN-1"))).status_code == 200  # q-1 still runs
+    summary = proxied.proxy.end_turn("sb1", "".join(["q-", "1"]))  # the id as parsed from a request: equal, not same
+    assert summary.calls == 2 and summary.model_ms > 0
+    assert proxied.proxy.end_turn("sb1", "q-1").calls == 0  # ended once
+    refusal(await proxied.post(body("TURN-1")), 403, "permission_error", "no_turn")
+    assert proxied.proxy.end_turn("sb-unknown", "q-1").calls == 0
+    records = await proxied.records()
+    assert [r.query_id for r in records] == ["q-1", "q-1", None]
+
+
+async def test_suppressed_refusals_are_counted_in_the_next_row(make: Any) -> None:
+    h = await make(ModelPolicy(prices=PRICES), turn=False)
+    for _ in range(63):
+        refusal(await h.post(body("FLOOD-2")), 403, "permission_error", "no_turn")  # all refused, 60 listed
+    listed = await h.records()
+    assert len(listed) == 60 and not any("more refusals" in (r.detail or "") for r in listed)
+    h.proxy._bound["sb1"].refusal_log.at -= 1.0  # a second passes: room for one more row
+    await h.post(body("FLOOD-2"))
+    h.proxy._bound["sb1"].refusal_log.at -= 1.0
+    await h.post(body("FLOOD-2"))
+    records = await h.records()
+    assert len(records) == 62
+    assert (records[-2].detail or "").endswith(" (3 more refusals not listed)")
+    assert "more refusals" not in (records[-1].detail or "")  # the count starts again
+
+
+async def test_token_counting_does_not_free_a_budget_held_by_a_call_in_flight(make: Any,
+                                                                              fake_model: FakeModel) -> None:
+    fake_model.script("HELD-1", [{"content": [{"type": "text", "text": "slow " * 20}],
+                                 "usage": {"input_tokens": 10, "output_tokens": 10}, "delay": 0.1}])
+    h = await make(ModelPolicy(prices=PRICES), budget=0.1)
+    slow = asyncio.ensure_future(h.post(body("HELD-1", max_tokens=10_000, stream=True)))  # holds the $0.10
+    for _ in range(400):
+        if fake_model.requests_containing("HELD-1") or slow.done():
+            break
+        await asyncio.sleep(0.01)
+    assert (await h.post(body("HELD-2"), path="/v1/messages/count_tokens")).status_code == 200
+    refusal(await h.post(body("HELD-3", max_tokens=10_000)), 402, "billing_error", "turn_budget")
+    assert (await slow).status_code == 200
+    assert fake_model.requests_containing("HELD-3") == []
+    # Settled: the slow call cost little, the counting nothing; the rest of the budget is there again.
+    assert (await h.post(body("HELD-4", max_tokens=1000))).status_code == 200
+
+
+async def test_each_call_is_billed_at_its_models_price(make: Any, fake_model: FakeModel) -> None:
+    fake_model.script("PRICE-1", [{"content": [{"type": "text", "text": "priced"}], "usage": BIG}])
+    prices = PriceTable((("claude-haiku-*", Price(2.0, 20.0, 2.0, 0.2)), ("*", Price(1.0, 10.0, 1.0, 0.1))))
+    h = await make(ModelPolicy(prices=prices))
+    assert (await h.post(body("PRICE-1", model="claude-haiku-4-5"))).status_code == 200
+    assert (await h.post(body("PRICE-1"))).status_code == 200
+    assert [(r.model, r.cost_usd) for r in await h.records()] == [("claude-haiku-4-5", pytest.approx(1.2)),
+                                                                  (MODEL, pytest.approx(0.6))]
+
+
+async def test_a_reply_that_stops_coming_is_recorded_as_broken(fake_model: FakeModel) -> None:
+    fake_model.script("BROKE-1", [{"content": [{"type": "text", "text": "never"}], "usage": BIG, "delay": 1.0}])
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    stored: list[ModelCallRecord] = []
+
+    async def store(records: Sequence[ModelCallRecord]) -> None:
+        stored.extend(records)
+
+    proxy = ModelProxy(fake_model.url, timeout_s=0.2, policy=ModelPolicy(prices=PRICES), store=store)
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+        proxy.begin_turn("sb1", "q-1", None, None)
+        resp = await client.post("http://model-proxy/v1/messages", json=body("BROKE-1", stream=True))
+        assert resp.status_code == 200 and "message_stop" not in resp.text  # the reply ends where the API stopped
+        await proxy.flush()
+        (rec,) = stored
+        assert (rec.status, rec.outcome, rec.reason) == (200, "error", "upstream_broke")
+        assert "broke off" in (rec.detail or "")
+    finally:
+        await client.aclose()
+        await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
