@@ -27,7 +27,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -82,14 +81,6 @@ class ModelMetrics(Protocol):
     def model_refusal(self, model: str, reason: str) -> None: ...
 
 
-@dataclass
-class ProxyStats:
-    requests: int = 0
-    errors: int = 0
-    bytes_in: int = 0  # request bodies sent upstream
-    bytes_out: int = 0  # response bodies sent back to the sandbox
-
-
 class _Bound:
     """A claimed sandbox's state; touched only on the event loop."""
 
@@ -119,7 +110,6 @@ class ModelProxy:
         self._keys: dict[str, KeyProvider] = {}
         self._bound: dict[str, _Bound] = {}
         self._sites: dict[str, tuple[web.AppRunner, Path]] = {}
-        self._stats: dict[str, ProxyStats] = {}
         self._session: aiohttp.ClientSession | None = None
         self._writer = RecordWriter(store)
         self._budgets = Budgets(self.policy, session_spend, tenant_spend, self.flush)
@@ -161,9 +151,6 @@ class ModelProxy:
         """Store the records of every finished call (the turn's end, the audit list, budgets)."""
         await self._writer.flush()
 
-    def stats(self, sandbox_id: str) -> ProxyStats:
-        return self._stats.setdefault(sandbox_id, ProxyStats())
-
     # --- sockets ---------------------------------------------------------------------------------
     async def start_for(self, sandbox_id: str, socket_path: str | os.PathLike[str]) -> None:
         """Listen on `socket_path` for this sandbox. Idempotent per sandbox."""
@@ -181,12 +168,10 @@ class ModelProxy:
         # The sandbox user must be able to connect; the socket lives in its private run dir.
         os.chmod(path, 0o666)  # noqa: S103
         self._sites[sandbox_id] = (runner, path)
-        self._stats.setdefault(sandbox_id, ProxyStats())
 
     async def stop_for(self, sandbox_id: str) -> None:
         entry = self._sites.pop(sandbox_id, None)
         self._keys.pop(sandbox_id, None)
-        self._stats.pop(sandbox_id, None)
         if entry is not None:
             runner, path = entry
             await runner.cleanup()  # in-flight calls finish (or are cancelled) and record themselves
@@ -223,7 +208,6 @@ class ModelProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         sandbox_id = request.app[_SANDBOX_ID]
-        self.stats(sandbox_id).requests += 1
         bound = self._bound.get(sandbox_id)
         if bound is None:
             return self._refuse(None, None, Refusal(
@@ -309,13 +293,11 @@ class ModelProxy:
 
     async def _forward(self, request: web.Request, bound: _Bound, call: CallRecord, req: ParsedRequest,
                        key: str, reserved: float) -> web.StreamResponse:
-        stats = self.stats(call.sandbox_id)
         turn = bound.turn
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
         headers["x-api-key"] = key
         headers["accept-encoding"] = "identity"
         headers["content-type"] = "application/json"
-        stats.bytes_in += len(req.body)
         meter: UsageMeter | None = None
         status = 0
         gone = False
@@ -324,7 +306,6 @@ class ModelProxy:
             try:
                 upstream = await self._client().post(self.base_url + request.path_qs, data=req.body, headers=headers)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                stats.errors += 1
                 log.warning("model proxy: upstream %s unreachable: %s", self.base_url, exc)
                 call.status, call.outcome, call.reason = 502, "error", "upstream_unreachable"
                 call.detail = f"model proxy could not reach the model API: {type(exc).__name__}"
@@ -349,7 +330,6 @@ class ModelProxy:
                         if not gone:
                             try:
                                 await resp.write(chunk)
-                                stats.bytes_out += len(chunk)
                             except ConnectionResetError:
                                 # The sandbox hung up (an interrupted query). Keep reading until the API
                                 # has reported the input tokens, so the call is billed, then stop.
@@ -357,7 +337,6 @@ class ModelProxy:
                         if gone and meter.streaming and meter.started:
                             break  # (a JSON reply is complete already: it is read to its usage)
                 except (TimeoutError, aiohttp.ClientError) as exc:
-                    stats.errors += 1
                     broke = f"the model API's reply broke off: {type(exc).__name__}"
                     log.warning("model proxy: upstream stream broke: %s", exc)
                 if not gone:
@@ -388,8 +367,6 @@ class ModelProxy:
         self._writer.add(call.to_record(self._server_id))
 
     def _refuse(self, bound: _Bound | None, call: CallRecord | None, refusal: Refusal) -> web.Response:
-        if call is not None:
-            self.stats(call.sandbox_id).errors += 1
         if self._metrics is not None:
             self._metrics.model_refusal((call.model if call else None) or "", refusal.reason)
         if bound is not None and call is not None:

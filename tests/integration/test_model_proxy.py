@@ -127,9 +127,6 @@ async def test_key_is_replaced_and_stream_passes_through(proxied: Harness, fake_
     assert [r["headers"]["x-api-key"] for r in seen] == ["sk-first", "sk-second"]
     assert all("authorization" not in r["headers"] for r in seen)
     assert seen[0]["headers"]["anthropic-version"] == "2023-06-01"
-    stats = proxied.proxy.stats("sb1")
-    assert stats.requests == 2
-    assert stats.bytes_out > 0
 
 
 async def test_usage_is_metered_from_streams_and_json_bodies(proxied: Harness, fake_model: FakeModel) -> None:
