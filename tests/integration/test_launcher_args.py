@@ -337,3 +337,53 @@ def test_a_leftover_disk_is_mounted_again_as_it_was(tmp_path: Path) -> None:
         assert launcher.mount_leftover("never-made") is None
         launcher.destroy_dirs("leftover")
         assert not paths.root.exists()
+        # An image that no longer mounts is reported (logged), not raised: the rescue goes on.
+        broken = launcher.prepare("broken", SMALL_DISK)
+        subprocess.run(["umount", "-l", str(broken.disk)], check=True)
+        with open(broken.image, "r+b") as image:
+            image.write(bytes(2 * MIB))  # the superblock is gone
+        assert launcher.mount_leftover("broken") is None
+
+
+_NO_MKFS_START = """
+import json, sys
+from pathlib import Path
+from ashd.errors import ConfigError
+from ashd.sandboxing import LauncherConfig, SandboxLauncher
+from tests.fixtures.sandboxes import TEST_LIMITS
+root, out = Path(sys.argv[1]), {}
+try:
+    SandboxLauncher(LauncherConfig(root / "strict", TEST_LIMITS, use_zygote=False)).start()
+    out["strict"] = "started"
+except ConfigError as exc:
+    out["strict"] = str(exc)
+weak = SandboxLauncher(LauncherConfig(root / "weak", TEST_LIMITS, use_zygote=False, allow_weak_isolation=True))
+weak.start()
+try:
+    out["weak"] = [weak.disk_quota, weak.isolation.disk_quota, weak.isolation.weak, weak.isolation.detail]
+finally:
+    weak.stop()
+print(json.dumps(out))
+"""
+
+
+def test_a_host_that_cannot_make_disk_images_refuses_unless_weak_isolation_is_allowed(tmp_path: Path) -> None:
+    """mkfs.ext4 hidden (a /dev/null bound over it, in a private mount namespace): the launcher
+    refuses to start with the reason, or, with allow_weak_isolation, starts without a disk quota."""
+    require_isolation()
+    from ashd.sandboxing._disk import mkfs_path
+
+    mkfs = mkfs_path()
+    assert mkfs is not None
+    hide = f'mount --bind /dev/null "$(readlink -f {mkfs})" && exec "$@"'
+    run = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh",
+         sys.executable, "-c", _NO_MKFS_START, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["strict"].startswith("sandbox disk quotas (SERVICE_SANDBOX_DISK_MB=1024) need loop-mounted")
+    assert "mkfs.ext4 not found" in out["strict"] and "SERVICE_SANDBOX_DISK_MB=0" in out["strict"]
+    disk_quota, reported, weak, detail = out["weak"]
+    assert (disk_quota, reported, weak) == (False, False, False)
+    assert "; no disk quota: mkfs.ext4 not found" in detail
