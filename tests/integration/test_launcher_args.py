@@ -387,3 +387,17 @@ def test_a_host_that_cannot_make_disk_images_refuses_unless_weak_isolation_is_al
     disk_quota, reported, weak, detail = out["weak"]
     assert (disk_quota, reported, weak) == (False, False, False)
     assert "; no disk quota: mkfs.ext4 not found" in detail
+
+
+def test_programs_go_through_the_fork_server_even_when_its_payload_does_not_load(tmp_path: Path) -> None:
+    require_isolation()
+    with started_launcher(tmp_path, "zygote", zygote_payload="tests.no_such_module:main") as launcher:
+        paths = launcher.prepare("program")
+        proc = launcher.launch(SandboxSpec("program", paths,
+                                           argv=(sys.executable, "-c", "import time; time.sleep(120)")))
+        try:
+            assert psutil.Process(proc.pid).ppid() != os.getpid()  # the zygote's monitor, not ours
+        finally:
+            proc.kill()
+            proc.wait(30)
+            proc.cleanup()
