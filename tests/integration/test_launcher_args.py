@@ -335,6 +335,10 @@ def test_a_leftover_disk_is_mounted_again_as_it_was(tmp_path: Path) -> None:
         old.mkdir(parents=True)
         assert launcher.mount_leftover("sb-old") == old
         assert launcher.mount_leftover("never-made") is None
+        launcher.destroy_dirs("leftover", keep_workspace=True)
+        launcher.destroy_dirs("leftover", keep_workspace=True)  # again (a retried removal): no error
+        assert (paths.workspace / "notes.txt").read_text() == "kept" and not paths.home.exists()
+        launcher.destroy_dirs("leftover")
         launcher.destroy_dirs("leftover")
         assert not paths.root.exists()
         # An image that no longer mounts is reported (logged), not raised: the rescue goes on.
