@@ -37,12 +37,10 @@ async def test_postgres_disk_full_is_507() -> None:
 
 
 async def test_an_unreachable_database_is_503() -> None:
-    db = Database.__new__(Database)
-    from ashd.storage._engine import create_engine, sessionmaker
+    from ashd.storage._engine import create_engine
 
-    db.engine = create_engine("postgresql://postgres@127.0.0.1:9/nowhere")  # port 9: nothing listens
-    db._sessions = sessionmaker(db.engine)  # type: ignore[attr-defined]
-    db._writer = None  # type: ignore[attr-defined]
+    # Built without `Database.open`, which would migrate: nothing connects until the read.
+    db = Database(create_engine("postgresql://postgres@127.0.0.1:9/nowhere"))  # port 9: nothing listens
     try:
         with pytest.raises(DatabaseUnavailable) as caught:
             async with db.read() as s:
