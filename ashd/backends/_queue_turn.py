@@ -42,6 +42,7 @@ class QueueTurns:
 
     async def run(self, item: Claimed) -> None:
         created: str | None = None
+        parked = False
         session_id = item.session_id
         try:
             if session_id is None:
@@ -60,6 +61,10 @@ class QueueTurns:
             if status == "failed":
                 await self._finished(item, "failed", session_id, reason)
         else:
+            if created is not None:
+                # Paused before the item shows `completed`: a client that sees it finds the session parked.
+                await self._park(item.tenant, created)
+                parked = True
             if await self.items.complete(item.id, self.owner, result):
                 self._count("completed")
                 await self._finished(item, "completed", session_id, None)
@@ -67,7 +72,7 @@ class QueueTurns:
                 log.warning("a queue item finished after its claim was lost", extra={"itemId": item.id})
                 self._count("lost")
         finally:
-            if created is not None:
+            if created is not None and not parked:
                 await self._park(item.tenant, created)
 
     async def _finished(self, item: Claimed, status: str, session_id: str | None, error: str | None) -> None:
