@@ -46,6 +46,15 @@ class Harness:
         await self.proxy.flush()
         return list(self.stored)
 
+    async def records_once_stored(self) -> list[ModelCallRecord]:
+        """The records once any is stored (a call's record follows its end)."""
+        for _ in range(200):
+            records = await self.records()
+            if records:
+                return records
+            await asyncio.sleep(0.05)
+        return await self.records()
+
 
 def body(token: str, *, model: str = MODEL, max_tokens: int = 1000, stream: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"model": model, "max_tokens": max_tokens,
@@ -318,12 +327,7 @@ async def test_an_abandoned_stream_is_still_billed(proxied: Harness, fake_model:
         async for line in resp.aiter_lines():
             if "content_block_delta" in line:
                 break  # the sandbox hangs up mid-reply
-    for _ in range(200):
-        records = await proxied.records()
-        if records:
-            break
-        await asyncio.sleep(0.05)
-    (rec,) = records
+    (rec,) = await proxied.records_once_stored()
     assert rec.outcome == "aborted" and rec.input_tokens == 100_000
     assert 1 <= rec.output_tokens < 50_000  # estimated from what was generated before the hang-up
     assert rec.cost_usd >= 0.1
@@ -340,12 +344,7 @@ async def test_a_call_abandoned_before_the_reply_started_is_still_billed(proxied
     call.cancel()  # the sandbox hangs up before the reply's headers
     with pytest.raises(asyncio.CancelledError):
         await call
-    for _ in range(200):
-        records = await proxied.records()
-        if records:
-            break
-        await asyncio.sleep(0.05)
-    (rec,) = records
+    (rec,) = await proxied.records_once_stored()
     assert (rec.outcome, rec.reason, rec.input_tokens) == ("aborted", "client_gone", 100_000)
     assert rec.cost_usd >= 0.1
 
