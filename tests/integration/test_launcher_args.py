@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from ashd.errors import SandboxError
-from ashd.sandboxing import ExitReason, LauncherConfig, SandboxLauncher, SandboxLimits, SandboxSpec
+from ashd.sandboxing import ExitReason, LauncherConfig, SandboxLauncher, SandboxSpec
 from ashd.sandboxing._cgroups import CgroupTree
 from ashd.sandboxing._disk import MIB, is_mounted
 from ashd.sandboxing._egress_policy import EgressPolicy
@@ -231,18 +231,9 @@ def test_default_route_restart_and_a_dead_fork_server(tmp_path: Path) -> None:
             launcher.launch(spec)
 
 
-def test_a_sandbox_without_a_disk_size_gets_plain_directories(tmp_path: Path) -> None:
+def test_a_sandbox_asking_no_disk_on_a_quota_launcher_gets_plain_directories(tmp_path: Path) -> None:
+    # A launcher without a quota: test_sandbox_disk.py, test_without_a_quota_the_layout_is_...
     require_isolation()
-    limits = SandboxLimits(memory_bytes=TEST_LIMITS.memory_bytes, pids=TEST_LIMITS.pids, disk_bytes=0)
-    launcher = SandboxLauncher(LauncherConfig(tmp_path, limits, use_zygote=False))
-    launcher.start()
-    try:
-        assert not launcher.disk_quota and not launcher.isolation.disk_quota
-        assert "no disk quota (off)" in launcher.isolation.detail
-        paths = launcher.prepare("plain")
-        assert not paths.image.exists() and not is_mounted(paths.disk)
-    finally:
-        launcher.stop()
     with started_launcher(tmp_path / "quota", "bwrap") as quota:
         assert quota.disk_quota
         zero = quota.prepare("zero", 0)

@@ -137,7 +137,7 @@ def test_without_a_quota_the_layout_is_the_same_plain_directories(tmp_path: Path
     launcher.start()
     try:
         assert not launcher.disk_quota and not launcher.isolation.disk_quota
-        assert "no disk quota" in launcher.isolation.detail
+        assert "no disk quota (off)" in launcher.isolation.detail
         paths = launcher.prepare("plain")
         assert not is_mounted(paths.disk) and not paths.image.exists()
         assert all(d.is_dir() for d in (paths.workspace, paths.home, paths.tmp, paths.run, paths.logs))
