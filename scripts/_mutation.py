@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -90,7 +91,21 @@ def _bin(name: str) -> str:
     return str(path)
 
 
-def run_target(target: Target, excluded: list[str], factor: float, min_timeout: float, keep: bool) -> Score:
+def _sample(session: Path, size: int, seed: int) -> None:
+    """Leave `size` of the pending mutants, chosen at random with `seed`, and mark the rest skipped: a
+    score of a large module in bounded time that, unlike the first N, covers the whole file."""
+    from cosmic_ray.work_db import WorkDB, use_db  # type: ignore[import-untyped]
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult  # type: ignore[import-untyped]
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        pending = sorted(item.job_id for item in db.pending_work_items)
+        keep = set(random.Random(seed).sample(pending, min(size, len(pending))))
+        db.set_multiple_results([job for job in pending if job not in keep],
+                                WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+
+
+def run_target(target: Target, excluded: list[str], factor: float, min_timeout: float, keep: bool,
+               sample: int | None = None, seed: int = 0) -> Score:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ashd-mut-"))
     try:
@@ -120,6 +135,8 @@ def run_target(target: Target, excluded: list[str], factor: float, min_timeout: 
         session = work / "session.sqlite"
         subprocess.run([_bin("cosmic-ray"), "init", str(config), str(session)], cwd=work, env=env, check=True)
         subprocess.run([_bin("cr-filter-operators"), str(session), str(config)], cwd=work, env=env, check=True)
+        if sample is not None:
+            _sample(session, sample, seed)
         subprocess.run([_bin("cosmic-ray"), "exec", str(config), str(session)], cwd=work, env=env, check=True)
         dump = subprocess.run([_bin("cosmic-ray"), "dump", str(session)], cwd=work, env=env, check=True,
                               capture_output=True, text=True).stdout
@@ -227,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recheck", type=Path, metavar="SQLITE",
                         help="run the current tests against the survivors of this session of the one module "
                              "named (after tests were added)")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="run N mutants of each module chosen at random (--seed), not all: a score in bounded "
+                             "time for a large module, over the whole file")
+    parser.add_argument("--seed", type=int, default=0, help="the --sample's seed (default 0)")
     args = parser.parse_args(argv)
     if args.unit_only:
         targets = [Target(t.module, tuple(p for p in t.tests if p.startswith("tests/unit/"))) for t in targets]
@@ -252,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     scores: list[Score] = []
     for target in chosen:
         print(f"mutation: {target.module} with {' '.join(target.tests)}", flush=True)
-        score = run_target(target, excluded, factor, min_timeout, args.keep)
+        score = run_target(target, excluded, factor, min_timeout, args.keep, args.sample, args.seed)
         scores.append(score)
         _print(score, args.survivors)
     if args.json:
