@@ -124,19 +124,22 @@ def tell_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: A
         loop.call_soon_threadsafe(fn, *args)
 
 
-def spawn_on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], what: str) -> None:
-    """Start `coro` on the loop; nothing waits for it, its failure is logged (`what` it was doing)."""
+def spawn_on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+                  what: str) -> concurrent.futures.Future[Any] | None:
+    """Start `coro` on the loop; the caller need not wait for it, its failure is logged (`what` it
+    was doing). Its future, or None when the loop is closed and it never started."""
     try:
         future = asyncio.run_coroutine_threadsafe(coro, loop)
     except RuntimeError:  # the loop is closed: shutting down, the work has no one to serve
         coro.close()
-        return
+        return None
 
     def done(fut: concurrent.futures.Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is not None:
             log.warning("%s failed: %s", what, fut.exception())
 
     future.add_done_callback(done)
+    return future
 
 
 _piped: set[concurrent.futures.Future[None]] = set()  # work piped to actors, held until it is done

@@ -227,14 +227,17 @@ class PoolActor(AioActor):
         self._counters["resumeWarmHits" if path == "warm" else "resumeColdHits"] += 1
         self._publish()
 
-    def release(self, sandbox_id: str, wait: bool = False) -> None:
-        """Destroy a session's sandbox (after the session asked its bridge to shut down)."""
+    def release(self, sandbox_id: str, wait: bool = False, after: Future[Any] | None = None) -> None:
+        """Destroy a session's sandbox (after the session asked its bridge to shut down, or, with
+        `after`, once that request is done: the capacity is free at once, the process goes after)."""
         entry = self._entries.pop(sandbox_id, None)
         if entry is None:
             return
         self._publish()
         if wait:
             self._destroy_now(entry)
+        elif after is not None:
+            self._workers.submit(self._destroy_after, entry, after)
         else:
             self._workers.submit(self._destroy_now, entry)
         self._refill()
@@ -466,6 +469,11 @@ class PoolActor(AioActor):
                                alive=lambda: proc.poll() is None and not self._stopping.is_set())
         if not self._stopping.is_set():
             self.actor_ref.tell(_Call("_became_ready", (sandbox_id, ok)))
+
+    def _destroy_after(self, entry: _Entry, after: Future[Any]) -> None:
+        with contextlib.suppress(Exception):  # its failure was logged where it ran; the sandbox goes anyway
+            after.result(timeout=self.config.shutdown_grace + 2)
+        self._destroy_now(entry)
 
     def _destroy_now(self, entry: _Entry) -> None:
         starting = entry.starting

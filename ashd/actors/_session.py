@@ -198,8 +198,6 @@ class SessionActor(StagedActor):
         handle: SandboxHandle = (deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
                                  .get(timeout=deps.ask_timeout))
         try:
-            if deps.session_logs is not None:  # from now on the sandbox's stderr is the session's
-                yield deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log")
             binding = None
             if deps.model_proxy is not None:
                 from ashd.sandboxing import ModelBinding, session_models
@@ -259,9 +257,12 @@ class SessionActor(StagedActor):
         deps.pool.mark_ready(handle.sandbox_id)
 
     async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
-        """One trip to the loop: the model proxy binding and socket, the bridge connection and its init."""
+        """One trip to the loop: the sandbox's log, the model proxy binding and socket, the bridge
+        connection and its init."""
         from ashd.sandboxing import BridgeConnection
 
+        if self.deps.session_logs is not None:  # from now on the sandbox's stderr is the session's
+            await self.deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log")
         if binding is not None:
             self.deps.model_proxy.bind(handle.sandbox_id, binding)
         prepared = self.deps.warmer.take(handle.sandbox_id) if self.deps.warmer is not None else None
@@ -324,9 +325,8 @@ class SessionActor(StagedActor):
         if row.status not in ("active", "starting"):
             raise BadRequest(f"Session is {row.status}; only an active or starting session can be stopped")
         self._snapshot_before_end(strict=True)
-        yield from self._drop_sandbox()
-        self.row = yield from self._transition("stopped", "stopped", sandbox_id="")
-        return session_json(self.row)
+        # The sandbox goes before the answer: a stop promises that its last lines are stored.
+        return (yield from self._end("stopped", None, wait=True, sandbox_id=""))
 
     @staged
     def delete(self, keep_workspace: bool = True) -> Stage[dict[str, Any]]:
@@ -335,8 +335,23 @@ class SessionActor(StagedActor):
         if row.status == "ended":
             return session_json(row)
         skipped = self._snapshot_before_end(strict=False) if keep_workspace else None
-        yield from self._drop_sandbox()
-        self.row = yield from self._transition("ended", "ended", extra={"snapshot": skipped} if skipped else None)
+        # The sandbox goes after the answer (its last log lines are stored a moment later).
+        return (yield from self._end("ended", {"snapshot": skipped} if skipped else None, wait=False))
+
+    def _end(self, status: str, extra: dict[str, Any] | None, *, wait: bool, **values: Any) -> Stage[dict[str, Any]]:
+        """Store `status` (stopped, ended) and let the sandbox go, before the answer or (not `wait`)
+        after it. With no turn running the status is stored first: a write that fails (a full disk,
+        the database away) leaves the session as it was, its sandbox with it. A running turn's
+        bridge goes first, so that the turn ends, interrupted and stored, before the status."""
+        if self.turn is not None:
+            yield from self._drop_sandbox()
+            self.row = yield from self._transition(status, status, extra=extra, **values)
+            return session_json(self.row)
+        self.row = yield from self._transition(status, status, extra=extra, **values)
+        if wait:
+            yield from self._drop_sandbox()
+        else:
+            self._drop_sandbox_soon()
         return session_json(self.row)
 
     @staged
@@ -574,6 +589,20 @@ class SessionActor(StagedActor):
         handle, conn = self.handle, self.conn
         self.handle, self.conn = None, None
         yield from self._release(handle, conn)
+
+    def _drop_sandbox_soon(self) -> None:
+        """`_drop_sandbox` without waiting: the pool counts the sandbox gone now and stops it once
+        the bridge was asked to shut down, its last log lines stored and its model proxy detached."""
+        handle, conn = self.handle, self.conn
+        self.handle, self.conn = None, None
+        self._live_changes = None
+        if handle is not None and self.deps.warmer is not None:
+            self.deps.warmer.discard(handle.sandbox_id)
+        done = None
+        if conn is not None or handle is not None:
+            done = spawn_on_loop(self.deps.loop, self._let_go(handle, conn), "letting a session's sandbox go")
+        if handle is not None:
+            self.deps.pool.release(handle.sandbox_id, after=done)
 
     def _release(self, handle: SandboxHandle | None, conn: Any) -> Stage[None]:
         self._live_changes = None  # the next sandbox's init reads the stored config

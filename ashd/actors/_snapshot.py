@@ -33,6 +33,7 @@ from ashd.errors import ServiceError, StorageFull
 from ashd.storage import (
     DEFAULT_KEEP,
     PARTIAL_PREFIX,
+    SETTLE_NS,
     LocalSnapshotStore,
     SnapshotBoard,
     SnapshotInfo,
@@ -44,10 +45,13 @@ from ashd.storage import (
     prune,
     remove_stale_partials,
     restore_workspace,
+    settle_ns_for,
     snapshot_workspace,
+    workspace_fingerprint,
 )
 
 log = logging.getLogger(__name__)
+FINGERPRINTS_KEPT = 4096  # about 100 bytes each
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,15 @@ class SnapshotActor(AioActor):
         self.remote = remote
         self.retry_seconds = retry_seconds
         self._pending: dict[str, str] = {}  # session id -> key whose upload failed
+        # session id -> (its workspace's fingerprint, the key of the snapshot taken of that tree)
+        self._fingerprints: dict[str, tuple[bytes, str]] = {}
+        self._settle_ns = SETTLE_NS
         self._timer: threading.Timer | None = None
 
     def on_start(self) -> None:
         # One actor per data dir: any partial file left there is a crashed writer's.
         self.local.root.mkdir(parents=True, exist_ok=True)
+        self._settle_ns = settle_ns_for(self.local.root)
         for entry in os.scandir(self.local.root):
             if entry.is_dir(follow_symlinks=False):
                 remove_stale_partials(Path(entry.path), older_than=0)
@@ -96,6 +104,13 @@ class SnapshotActor(AioActor):
         """Snapshot `workspace` now; upload it if a remote store is set. Returns the local one.
         SnapshotTooLarge (413) or StorageFull (507) when it cannot be stored; the previous stays."""
         directory = self.local.session_dir(session_id)
+        fingerprint = workspace_fingerprint(workspace, self._settle_ns)
+        known = self._fingerprints.pop(session_id, None)
+        if fingerprint is not None and known is not None and known[0] == fingerprint:
+            latest = latest_local(directory, session_id)
+            if latest is not None and latest.key == known[1]:  # the tree is as that snapshot holds it
+                self._remember(session_id, known)
+                return latest
         try:
             info = snapshot_workspace(workspace, directory, session_id, keep=self.local.keep,
                                       max_bytes=self.max_bytes)
@@ -105,9 +120,18 @@ class SnapshotActor(AioActor):
             raise
         finally:
             self.board.refresh(session_id, directory)
+        if fingerprint is not None:  # taken before the tar: a change made during it shows next time
+            self._remember(session_id, (fingerprint, info.key))
         if self.remote is not None:
             self._upload(session_id, info)
         return info
+
+    def _remember(self, session_id: str, fingerprint: tuple[bytes, str]) -> None:
+        """Keep the fingerprints of the most recently snapshotted sessions only: an ended session's
+        would otherwise stay forever. A forgotten one costs one snapshot more, never a wrong one."""
+        self._fingerprints[session_id] = fingerprint  # popped before: now the newest in the dict
+        if len(self._fingerprints) > FINGERPRINTS_KEPT:
+            del self._fingerprints[next(iter(self._fingerprints))]
 
     def copy_latest(self, from_session: str, to_session: str) -> bool:
         """Give `to_session` a copy of `from_session`'s newest snapshot (a fork of a session without a
@@ -176,6 +200,7 @@ class SnapshotActor(AioActor):
     def delete(self, session_id: str) -> None:
         """Forget every snapshot of the session, local and remote."""
         self._pending.pop(session_id, None)
+        self._fingerprints.pop(session_id, None)
         self.local.delete_session(session_id)
         self.board.forget(session_id)
         if self.remote is not None:

@@ -29,6 +29,7 @@ from ashd.storage._files import (
     content_disposition,
     mime_type,
 )
+from ashd.storage._fingerprint import SETTLE_NS, settle_ns_for, workspace_fingerprint
 from ashd.storage._holdings import TenantStorage
 from ashd.storage._model_calls import ModelCallRecord, list_model_calls, session_spend, store_model_calls, tenant_spend
 from ashd.storage._models import (
@@ -94,6 +95,7 @@ __all__ = [
     "MIB",
     "PARTIAL_PREFIX",
     "QUEUE_STATUSES",
+    "SETTLE_NS",
     "SYSTEM_PROMPT_FILE",
     "WEBHOOK_EVENTS",
     "Agent",
@@ -181,6 +183,7 @@ __all__ = [
     "runner_json",
     "session_json",
     "session_spend",
+    "settle_ns_for",
     "snapshot_workspace",
     "storage_failure",
     "store_from_url",
@@ -189,5 +192,6 @@ __all__ = [
     "usage_stats",
     "utcnow",
     "webhook_json",
+    "workspace_fingerprint",
     "write_files",
 ]

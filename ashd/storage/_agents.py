@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as SyncSession
 
 from ashd.engines import SETTINGS_FILE, engine_problem, settings_engine
 from ashd.errors import BadRequest, NotFound, PayloadTooLarge
@@ -253,8 +254,22 @@ class Agents:
         return folder
 
     async def resolve(self, tenant: str, name: str) -> AgentView:
-        row = await self._row(tenant, name)
-        return AgentView(id=row.id, name=row.name, version=row.version, path=str(await self._checked_path(row)),
+        """The agent as a session starts it (every create): its row and, for a managed folder this
+        process already holds, the folder's check in one read (one hop on SQLite)."""
+        statement = select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+
+        def read(s: SyncSession) -> tuple[Agent | None, Path | None]:
+            row = s.execute(statement).scalar_one_or_none()
+            if row is None or not row.managed:
+                return row, None
+            base = self._root / tenant_dir_name(row.tenant_id) / row.name
+            return row, (base / f"v{row.version}" if _cached(base, row.version, row.id) else None)
+
+        row, held = await self._db.run_read(read)
+        if row is None:
+            raise NotFound(f"Agent {name} not found")
+        path = held if held is not None else await self._checked_path(row)
+        return AgentView(id=row.id, name=row.name, version=row.version, path=str(path),
                          model=row.model, env=MappingProxyType(self._env(row)), network=row.network,
                          disk_mb=row.disk_mb)
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session as SyncSession
 from ashd.errors import Unavailable
 from ashd.storage._engine import READ_ONLY, create_engine, normalise_url, sessionmaker
 from ashd.storage._failures import storage_failure
-from ashd.storage._fastpath import SqliteWriter
+from ashd.storage._fastpath import SqliteReader, SqliteWriter
 from ashd.storage._migrate import migrate
 from ashd.storage._models import Meta
 
@@ -29,8 +29,10 @@ class Database:
         self._sessions = sessionmaker(engine)
         self._readers = sessionmaker(engine.execution_options(**{READ_ONLY: True}))
         self._writer: SqliteWriter | None = None
+        self._reader: SqliteReader | None = None
         if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
             self._writer = SqliteWriter(engine.url.render_as_string(hide_password=False))
+            self._reader = SqliteReader(engine.url.render_as_string(hide_password=False))
 
     async def run_tx(self, fn: Callable[[SyncSession], T]) -> T:
         """Run `fn(session)` as one transaction (committed unless it raises), in one hop on SQLite."""
@@ -38,6 +40,18 @@ class Database:
             if self._writer is not None:
                 return await self._writer.run(fn)
             async with self._sessions() as s, s.begin():
+                return await s.run_sync(fn)
+        except Exception as exc:
+            _raise_mapped(exc)
+            raise
+
+    async def run_read(self, fn: Callable[[SyncSession], T]) -> T:
+        """Run `fn(session)` in a read-only transaction (it must not write: see `read`), in one hop
+        on SQLite. `fn` may also make a quick check of a file that goes with the read."""
+        try:
+            if self._reader is not None:
+                return await self._reader.run(fn)
+            async with self._readers() as s:
                 return await s.run_sync(fn)
         except Exception as exc:
             _raise_mapped(exc)
@@ -99,6 +113,8 @@ class Database:
     async def close(self) -> None:
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.close)
         await self.engine.dispose()
 
 

@@ -1,11 +1,13 @@
-"""Hot-path transactions in one hop.
+"""Hot-path transactions and reads in one hop.
 
 aiosqlite sends every statement to its own thread and back (about 0.3-0.5 ms a trip here), so a
 BEGIN + UPDATE + INSERT + COMMIT costs 1.5-2 ms. For SQLite the whole transaction instead runs as
 one synchronous function on a dedicated writer thread with a synchronous engine on the same file
 (WAL, BEGIN IMMEDIATE, busy timeout: the same rules as the async engine). SQLite has one writer
-at a time anyway, so one thread loses nothing. For PostgreSQL the same function runs through the
-async engine's `run_sync` (asyncpg round trips are cheap and the pool gives concurrency).
+at a time anyway, so one thread loses nothing. Reads on a hot path (the agent lookup of every
+create) run the same way on reader threads, BEGIN DEFERRED: in WAL they read a snapshot beside
+the writer. For PostgreSQL the same function runs through the async engine's `run_sync` (asyncpg
+round trips are cheap and the pool gives concurrency).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as SyncSession
 from sqlalchemy.orm import sessionmaker
 
-from ashd.storage._engine import install_sqlite_pragmas
+from ashd.storage._engine import READ_ONLY, install_sqlite_pragmas
 
 T = TypeVar("T")
 
@@ -51,3 +53,25 @@ class SqliteWriter:
         self._thread.shutdown(wait=True)
         self.engine.dispose()
 
+
+
+class SqliteReader:
+    """Read-only functions in one hop each, on `threads` threads with their own connections."""
+
+    def __init__(self, async_url: str, threads: int = 2) -> None:
+        url = make_url(async_url).set(drivername="sqlite")
+        self.engine: Engine = create_sync_engine(url, pool_size=threads, max_overflow=0)
+        install_sqlite_pragmas(self.engine)
+        self._sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
+        self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqlite-reader")
+
+    def _run(self, fn: Callable[[SyncSession], T]) -> T:
+        with self._sessions() as s:  # rolled back at the end: it wrote nothing
+            return fn(s)
+
+    async def run(self, fn: Callable[[SyncSession], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._run, fn)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+        self.engine.dispose()

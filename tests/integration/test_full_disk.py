@@ -98,6 +98,11 @@ async def test_full_disk_refuses_writes_serves_reads_and_recovers(disk: tuple[Ap
     files_before = await _get(api, f"/api/sessions/{s1}/files/AGENT.md?format=json")
     snapshots_before = {sid: _snapshot_dir(data, sid) for sid in (s1, s2)}
 
+    # A change since s2's snapshot: its stop must write a new one (an unchanged workspace needs none).
+    status, body = await api.call("POST", f"/api/sessions/{s2}/files",
+                                  json={"files": [{"path": "late.txt", "content": "after the pause\n"}]})
+    assert status == 200, body
+
     filler = fill(data)
     assert free_bytes(data) < MIB
 

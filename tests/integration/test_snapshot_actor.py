@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 import boto3
@@ -13,6 +15,7 @@ from ashd.actors._aio import call
 from ashd.actors._snapshot import SnapshotActor, SnapshotProxy, snapshot_proxy
 from ashd.errors import NotFound
 from ashd.storage._files import list_files
+from ashd.storage._fingerprint import settle_ns_for, workspace_fingerprint
 from ashd.storage._snapshots_stores import SnapshotStore, store_from_url
 from tests.fixtures.s3_fixture import s3_bucket, s3_server  # noqa: F401
 
@@ -133,3 +136,34 @@ def test_s3_upload_failure_keeps_the_local_snapshot_and_retries(
     actor.delete("s1").get(timeout=TIMEOUT)
     assert remote.latest("s1") is None
     assert other.latest("s1").get(timeout=TIMEOUT) is not None  # other's local cache is its own
+
+
+async def test_an_unchanged_workspace_is_not_snapshotted_again(tmp_path: Path) -> None:
+    """A pause, a resume and a DELETE with nothing changed between: the first snapshot holds the tree,
+    so the later ones answer with it and write nothing; any change makes a new one."""
+    actor = start(tmp_path / "data")
+    ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "one")
+    settle = settle_ns_for(tmp_path / "data")
+    deadline = time.monotonic() + 30
+    while workspace_fingerprint(ws, settle) is None:  # until the tree is older than the settling time
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    first = await call(actor.snapshot("s1", ws), TIMEOUT)
+    again = await call(actor.snapshot("s1", ws), TIMEOUT)
+    assert again == first
+    assert sorted(p.name for p in first.path.parent.iterdir()) == [first.path.name]
+
+    (ws / "src" / "main.py").write_text("print('two')")  # a change, and too recent to fingerprint
+    second = await call(actor.snapshot("s1", ws), TIMEOUT)
+    assert second.key != first.key
+    reader = await call(actor.reader("s1"), TIMEOUT)
+    assert reader is not None
+    with reader:
+        assert reader.read_for_json("src/main.py") == "print('two')"
+    # No fingerprint was kept for a tree that was too recent: the next snapshot is taken again.
+    third = await call(actor.snapshot("s1", ws), TIMEOUT)
+    assert third.key != second.key
+
+    await call(actor.delete("s1"), TIMEOUT)  # what is deleted is not answered with afterwards
+    fourth = await call(actor.snapshot("s1", ws), TIMEOUT)
+    assert fourth.path.is_file() and fourth.key not in (first.key, second.key, third.key)
