@@ -51,7 +51,13 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
-    return await server.serve()
+    from ashd.bridge._warm import warm_in_background
+
+    warming = loop.create_task(warm_in_background())  # the first turn's page copies, made while idle
+    try:
+        return await server.serve()
+    finally:
+        warming.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Warm-up of a session's first turn, run once in the fork server (zygote).
+"""Warm-up of a session's first turn: once in the fork server (zygote), and again in each bridge.
 
 The anthropic SDK builds its pydantic validators and serializers on first use (the request's
 parameter transform, each stream event's model and `to_dict`), and the engine its tools and
@@ -7,13 +7,21 @@ message, and each sandbox's bridge built its own copy (private memory). Run once
 before it forks, the work is inherited by every sandbox's bridge and shared copy-on-write. One
 streamed request through the SDK and one turn of the built-in engine, both answered by an
 in-process transport: no network, no model.
+
+A bridge forked from the zygote shares those pages until it writes them, and a turn writes many
+(reference counts, caches): about 7 MiB of copy-on-write faults, ~7 ms of a session's first
+message here. So each bridge runs the same warm-up again as it starts, in the background, while
+its sandbox waits in the pool: the copies are made then, not during the first message (a spare
+holds them a little earlier than it would after its first turn).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +115,15 @@ def warm() -> None:
     """One streamed request through the SDK and one engine turn, answered in process; raises what
     it meets."""
     asyncio.run(_both())
+
+
+async def warm_in_background() -> None:
+    """The bridge's own warm-up (see above); a failure only costs the first turn its speed."""
+    log = logging.getLogger(__name__)
+    started = time.monotonic()
+    try:
+        await _both()
+    except Exception:  # nothing depends on it
+        log.warning("bridge warm-up failed; the first turn will be slower", exc_info=True)
+        return
+    log.debug("bridge warm-up done in %.1f ms", (time.monotonic() - started) * 1000)

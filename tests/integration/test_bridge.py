@@ -230,3 +230,22 @@ async def test_a_paused_reader_pauses_the_engine(bridge: BridgeHarness, fake_mod
     rest = [frame async for frame in frames]
     assert rest[-1]["type"] == "done"
     assert messages_of(rest)[-1]["num_turns"] == turns + 1
+
+
+async def test_each_bridge_warms_up_in_process_as_it_starts(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    """A bridge runs one first turn as it starts (ashd/bridge/_warm.py), so that its first real turn
+    does not pay for the pages it copies from the fork server: answered in process, it never
+    reaches the model, and the first real turn is answered as usual."""
+    await bridge.stop()  # again, with the warm-up's own line in its log
+    bridge.connections.clear()
+    await bridge.start("--log-level", "DEBUG")
+    conn = await bridge.connect()
+    deadline = asyncio.get_running_loop().time() + 60
+    while "bridge warm-up done" not in bridge.log_text():
+        assert "warm-up failed" not in bridge.log_text(), bridge.log_text()
+        assert asyncio.get_running_loop().time() < deadline, bridge.log_text()
+        await asyncio.sleep(0.02)
+    await conn.init({})
+    msgs = messages_of(await collect(conn, "after the warm-up"))
+    assert msgs[-1]["subtype"] == "success" and msgs[-1]["result"] == "echo: after the warm-up"
+    assert [r["body"]["messages"][-1]["content"][0]["text"] for r in fake_model.requests] == ["after the warm-up"]
