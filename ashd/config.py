@@ -393,7 +393,8 @@ OPTIONS: tuple[Option, ...] = (
            "Its base64 must also fit SERVICE_MAX_BODY_BYTES.",
            _int_min(1)),
     Option("SERVICE_SNAPSHOTS_KEEP", "snapshots_keep", "integer ≥ 1", 3,
-           "Workspace snapshots kept per session (older ones are deleted).", _int_min(1)),
+           "Workspace snapshots kept per session (older ones are deleted). A pause, stop or DELETE that "
+           "finds the workspace unchanged since the latest snapshot writes none.", _int_min(1)),
     Option("SERVICE_SNAPSHOT_MAX_MB", "snapshot_max_mb", "integer ≥ 1", 1024,
            "Largest workspace a snapshot stores (the bytes of its files), in MiB. A bigger workspace is "
            "not snapshotted: the previous snapshot is kept and stop answers 413.", _int_min(1)),

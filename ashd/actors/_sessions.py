@@ -79,11 +79,21 @@ class SessionRegistry:
         row = Session(id=req.session_id, tenant_id=req.tenant, agent_name=req.agent_name, model=req.model,
                       status="starting", config=json.dumps(req.config), credential_id=req.credential_id,
                       env_ciphertext=encrypted_env, runner_id=self.deps.runner_id)
-        await self.deps.sessions.insert(row)
+        inserting = asyncio.ensure_future(self.deps.sessions.insert(row))
+        await asyncio.sleep(0)  # the insert is on its way to the writer: the actor's thread starts beside it
         async with self._lock:
             ref = SessionActor.start(self.deps, req.session_id, req.tenant)
             self._actors[req.session_id] = ref
             self._tenants[req.session_id] = req.tenant
+        try:
+            await inserting
+        except BaseException:
+            async with self._lock:  # nothing was stored: no actor either
+                if self._actors.get(req.session_id) is ref:
+                    del self._actors[req.session_id]
+                    self._tenants.pop(req.session_id, None)
+            ref.stop(block=False)
+            raise
         # Creation may install packages and run setup.sh: its budget includes the setup timeout.
         return await self._changed(req.session_id, self._proxy(req.session_id, ref).create(req, row),
                                    self.timeout + 2 * self.deps.setup_timeout + 10)
