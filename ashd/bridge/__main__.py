@@ -51,9 +51,10 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
-    from ashd.bridge._warm import warm_in_background
+    from ashd.bridge._warm import warm_when_idle
 
-    warming = loop.create_task(warm_in_background())  # the first turn's page copies, made while idle
+    # The first turn's page copies, made while a spare waits for its session (ashd/bridge/_warm.py).
+    warming = loop.create_task(warm_when_idle(lambda: server.engine is None))
     try:
         return await server.serve()
     finally:

@@ -9,10 +9,11 @@ streamed request through the SDK and one turn of the built-in engine, both answe
 in-process transport: no network, no model.
 
 A bridge forked from the zygote shares those pages until it writes them, and a turn writes many
-(reference counts, caches): about 7 MiB of copy-on-write faults, ~7 ms of a session's first
-message here. So each bridge runs the same warm-up again as it starts, in the background, while
-its sandbox waits in the pool: the copies are made then, not during the first message (a spare
-holds them a little earlier than it would after its first turn).
+(reference counts, caches): about 7 MiB of copy-on-write faults, several ms of a session's first
+message here. So a bridge that has waited `IDLE_S` without being given a session (a spare in the
+pool) runs the same warm-up again, in the background: the copies are made while it is idle, not
+during the first message. A bridge given its session at once (a create with no spare left) skips
+it: its warm-up would only compete with the session's own start on the same cores.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +119,17 @@ def warm() -> None:
     asyncio.run(_both())
 
 
-async def warm_in_background() -> None:
-    """The bridge's own warm-up (see above); a failure only costs the first turn its speed."""
+IDLE_S = 0.5
+
+
+async def warm_when_idle(idle: Callable[[], bool], after_s: float = IDLE_S) -> None:
+    """The bridge's own warm-up (see above), once it has been `idle()` for `after_s` seconds; a
+    failure only costs the first turn its speed."""
     log = logging.getLogger(__name__)
+    await asyncio.sleep(after_s)
+    if not idle():
+        log.debug("bridge warm-up skipped: the session came first")
+        return
     started = time.monotonic()
     try:
         await _both()

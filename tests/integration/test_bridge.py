@@ -249,3 +249,19 @@ async def test_each_bridge_warms_up_in_process_as_it_starts(bridge: BridgeHarnes
     msgs = messages_of(await collect(conn, "after the warm-up"))
     assert msgs[-1]["subtype"] == "success" and msgs[-1]["result"] == "echo: after the warm-up"
     assert [r["body"]["messages"][-1]["content"][0]["text"] for r in fake_model.requests] == ["after the warm-up"]
+
+
+async def test_a_bridge_given_its_session_at_once_skips_the_warm_up(bridge: BridgeHarness) -> None:
+    """A create with no spare left starts a bridge and inits it at once: the warm-up would only
+    compete with the session's own start, so it is skipped."""
+    await bridge.stop()
+    bridge.connections.clear()
+    await bridge.start("--log-level", "DEBUG")
+    conn = await bridge.init({})
+    deadline = asyncio.get_running_loop().time() + 60
+    while "bridge warm-up skipped" not in bridge.log_text():
+        assert "warm-up done" not in bridge.log_text(), bridge.log_text()
+        assert asyncio.get_running_loop().time() < deadline, bridge.log_text()
+        await asyncio.sleep(0.02)
+    msgs = messages_of(await collect(conn, "no warm-up"))
+    assert msgs[-1]["subtype"] == "success"
