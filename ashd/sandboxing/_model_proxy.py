@@ -299,7 +299,7 @@ class ModelProxy:
         headers["accept-encoding"] = "identity"
         headers["content-type"] = "application/json"
         meter: UsageMeter | None = None
-        status = 0
+        status: int  # set with the meter, and read only with it
         gone = False
         broke: str | None = None
         try:
@@ -336,13 +336,10 @@ class ModelProxy:
                                 gone = True
                         if gone and meter.streaming and meter.started:
                             break  # (a JSON reply is complete already: it is read to its usage)
-                except (TimeoutError, aiohttp.ClientError) as exc:
+                except aiohttp.ClientError as exc:  # sock_read's timeout too (ServerTimeoutError)
                     broke = f"the model API's reply broke off: {type(exc).__name__}"
                     log.warning("model proxy: upstream stream broke: %s", exc)
-                if not gone:
-                    with contextlib.suppress(ConnectionResetError):
-                        await resp.write_eof()
-                return resp
+                return resp  # aiohttp writes its end when the handler returns (for a sandbox gone it fails quietly)
         except asyncio.CancelledError:  # the proxy is stopping (sandbox gone, server shutdown)
             gone, broke = True, "the call was cut off when the sandbox's proxy stopped"
             raise
