@@ -54,6 +54,11 @@ ALLOWED_PATHS = frozenset(ENDPOINTS)
 REFUSAL_RECORDS_PER_MINUTE = 60
 MAX_REQUEST_BYTES = 32 * 1024 * 1024  # the Messages API's own request size limit
 PARSE_IN_THREAD_BYTES = 256 * 1024
+# docs/operations.md, "Model traffic and budgets": a model API that accepts no connection for this
+# long is a 502 to the sandbox; a reply of which no byte comes for this long is cut and recorded as
+# broken (the Anthropic SDK's own default timeout: a long non-streaming reply may take minutes).
+UPSTREAM_CONNECT_TIMEOUT_S = 30.0
+UPSTREAM_READ_TIMEOUT_S = 600.0
 _DROP_REQUEST = frozenset(
     {
         "host",
@@ -98,8 +103,9 @@ def _error(refusal: Refusal) -> web.Response:
 
 
 class ModelProxy:
-    def __init__(self, base_url: str, *, default_key: KeyProvider | None = None, timeout_s: float = 600.0,
-                 policy: ModelPolicy | None = None, store: Store | None = None,
+    def __init__(self, base_url: str, *, default_key: KeyProvider | None = None,
+                 timeout_s: float = UPSTREAM_READ_TIMEOUT_S, policy: ModelPolicy | None = None,
+                 store: Store | None = None,
                  session_spend: Callable[[str], Awaitable[float]] | None = None,
                  tenant_spend: Callable[..., Awaitable[float]] | None = None,
                  metrics: ModelMetrics | None = None, server_id: str = "") -> None:
@@ -202,7 +208,8 @@ class ModelProxy:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self._timeout),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=UPSTREAM_CONNECT_TIMEOUT_S,
+                                              sock_read=self._timeout),
             )
         return self._session
 
@@ -253,8 +260,9 @@ class ModelProxy:
         if call.endpoint != "messages":
             return await self._forward(request, bound, call, parsed, key, 0.0)
         assert bound.turn is not None  # checked above
+        assert parsed.max_tokens is not None  # parse_request requires it on /v1/messages
         admitted = await self._budgets.admit(bound.binding, bound.spend, bound.turn, parsed.model,
-                                             parsed.input_estimate, parsed.max_tokens or 0)
+                                             parsed.input_estimate, parsed.max_tokens)
         if isinstance(admitted, Refusal):
             return self._refuse(bound, call, admitted)
         return await self._forward(request, bound, call, parsed, key, admitted)
@@ -299,7 +307,7 @@ class ModelProxy:
         headers["accept-encoding"] = "identity"
         headers["content-type"] = "application/json"
         meter: UsageMeter | None = None
-        status = 0
+        status: int  # set with the meter, and read only with it
         gone = False
         broke: str | None = None
         try:
@@ -336,13 +344,10 @@ class ModelProxy:
                                 gone = True
                         if gone and meter.streaming and meter.started:
                             break  # (a JSON reply is complete already: it is read to its usage)
-                except (TimeoutError, aiohttp.ClientError) as exc:
+                except aiohttp.ClientError as exc:  # sock_read's timeout too (ServerTimeoutError)
                     broke = f"the model API's reply broke off: {type(exc).__name__}"
                     log.warning("model proxy: upstream stream broke: %s", exc)
-                if not gone:
-                    with contextlib.suppress(ConnectionResetError):
-                        await resp.write_eof()
-                return resp
+                return resp  # aiohttp writes its end when the handler returns (for a sandbox gone it fails quietly)
         except asyncio.CancelledError:  # the proxy is stopping (sandbox gone, server shutdown)
             gone, broke = True, "the call was cut off when the sandbox's proxy stopped"
             raise

@@ -22,6 +22,7 @@ import pytest
 from ashd.devtools.fake_model import FakeModel
 from ashd.metrics import Metrics
 from ashd.pricing import Price, PriceTable
+from ashd.sandboxing import _model_proxy
 from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, SessionModels
 from ashd.sandboxing._model_proxy import ModelProxy
 from ashd.storage import ModelCallRecord
@@ -617,3 +618,47 @@ async def test_a_reply_that_stops_coming_is_recorded_as_broken(fake_model: FakeM
         await client.aclose()
         await proxy.close()
         shutil.rmtree(run, ignore_errors=True)
+
+
+async def test_an_api_that_accepts_no_connection_is_a_502_after_the_connect_timeout(
+        fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model API whose host takes no connection (SYNs dropped: here a listener whose accept queue
+    is full) is answered, not waited for until the sandbox's own client gives up."""
+    monkeypatch.setattr(_model_proxy, "UPSTREAM_CONNECT_TIMEOUT_S", 0.3)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepts: one connection fills its queue, later SYNs are dropped
+    filler = socket.create_connection(listener.getsockname())
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    stored: list[ModelCallRecord] = []
+
+    async def store(records: Sequence[ModelCallRecord]) -> None:
+        stored.extend(records)
+
+    proxy = ModelProxy(f"http://127.0.0.1:{listener.getsockname()[1]}", policy=ModelPolicy(prices=PRICES),
+                       store=store)
+    # 20 s: far above the 0.3 s asked, far below the 30 s default the proxy would otherwise wait.
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")), timeout=20)
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+        proxy.begin_turn("sb1", "q-1", None, 1.0)
+        resp = await client.post("http://model-proxy/v1/messages", json=body("SILENT-1"))
+        assert resp.status_code == 502
+        assert resp.json()["error"]["message"] == "model proxy could not reach the model API: ConnectionTimeoutError"
+        await proxy.flush()
+        (rec,) = stored
+        assert (rec.status, rec.outcome, rec.reason) == (502, "error", "upstream_unreachable")
+    finally:
+        await client.aclose()
+        await proxy.close()
+        filler.close()
+        listener.close()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def test_the_timeouts_towards_the_model_api_are_the_documented_ones() -> None:
+    # docs/operations.md: 30 s to connect, 600 s without a byte of the reply (the Anthropic SDK's
+    # default). Both are shortened in the tests above, which show what each one does; seeing the
+    # real values would take minutes.
+    assert (_model_proxy.UPSTREAM_CONNECT_TIMEOUT_S, _model_proxy.UPSTREAM_READ_TIMEOUT_S) == (30.0, 600.0)

@@ -9,7 +9,9 @@ connection freed, and that `send` answers False for good once the client is gone
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import termios
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from ashd.http import _sse
 from ashd.http._sse import SseSink
 
 FRAME = "x" * 1000  # about 1 KiB per frame on the wire
@@ -28,6 +31,9 @@ FRAME_ON_WIRE = len(FRAME) + 64  # with its SSE fields and chunked framing
 # frame 62 KB, without the transport's write-buffer limit 90 KB, without the small send buffer
 # 2.7 MB.
 BOUND = 48 * 1024
+# README, operations: the kernel send buffer a stalled client holds in the server (16 KiB asked
+# per stream; Linux reports and allows twice what is asked, for its bookkeeping).
+SERVER_SNDBUF = 32 * 1024
 
 
 @dataclass
@@ -149,6 +155,12 @@ async def test_a_stalled_reader_holds_the_producer_within_the_bound(serve: Any) 
         assert 0 < ahead <= BOUND, f"the producer ran {ahead} bytes ahead of a client that reads nothing"
         queued = producer.transport.get_write_buffer_size()  # in the server process, not the kernel
         assert queued <= FRAME_ON_WIRE, f"{queued} bytes queued in the transport: more than the frame in flight"
+        # What the server's kernel holds for this client: its send buffer is the documented size
+        # and the bytes waiting in it stay within it.
+        server_socket = producer.transport.get_extra_info("socket")
+        assert server_socket.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == SERVER_SNDBUF
+        unsent = int.from_bytes(fcntl.ioctl(server_socket.fileno(), termios.TIOCOUTQ, bytes(4)), "little")
+        assert 0 < unsent <= SERVER_SNDBUF, f"{unsent} bytes held in the server's kernel for a stalled client"
         body = await _read_all(sock)  # the client reads again: every frame arrives, in order
     finally:
         sock.close()
@@ -173,6 +185,11 @@ async def test_a_reader_stalled_past_the_timeout_is_cut_off(serve: Any) -> None:
         # may never come back with its buffers full.
         server_socket = producer.transport.get_extra_info("socket")
         await _until(lambda: server_socket.fileno() == -1)
+        # Reading again, the client gets what the kernels held (frames in order, the last one
+        # perhaps cut) and then the end of the connection, never a frame sent after the cut.
+        got = await _read_all(sock)
+        ids = [int(line[4:]) for line in got.split(b"\n") if line.startswith(b"id: ")]
+        assert ids and ids == list(range(len(ids))) and len(ids) <= in_flight + 1
     finally:
         sock.close()
 
@@ -195,3 +212,41 @@ def test_the_default_read_timeout_is_the_interfaces_30_seconds() -> None:
     # interface.md, timeouts: "Idle client on SSE stream: 30 seconds".
     assert SseSink(EventSourceResponse()).read_timeout == 30.0
     assert SseSink(EventSourceResponse(), read_timeout=0.5).read_timeout == 0.5
+
+
+async def test_a_quiet_stream_is_kept_open_with_pings(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comment proxies see on a stream with nothing to say (README: every 15 s; shortened here)."""
+    monkeypatch.setattr(_sse, "PING_INTERVAL", 0.05)
+    done = asyncio.Event()
+
+    async def quiet(request: web.Request) -> web.StreamResponse:
+        sink = await SseSink.open(request)
+        await done.wait()
+        await sink.close()
+        return sink.response
+
+    app = web.Application()
+    app.router.add_post("/stream", quiet)
+    server = TestServer(app)
+    await server.start_server()
+    sock = await _client(str(server.host), int(server.port or 0))
+    try:
+        loop, seen = asyncio.get_running_loop(), bytearray()
+        async with asyncio.timeout(30):
+            while seen.count(b": ping\n\n") < 3:
+                seen += await loop.sock_recv(sock, 4096)
+        done.set()
+        body = seen + await _read_all(sock)
+    finally:
+        sock.close()
+        await server.close()
+    head, _, stream = bytes(body).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Type: text/event-stream" in head
+    assert b"event:" not in stream and stream.endswith(b"0\r\n\r\n")  # pings only, then the end
+
+
+def test_the_default_ping_interval_is_the_readmes_15_seconds() -> None:
+    # README, operations: "Streams send a `: ping` comment every 15 s" (proxies time out idle
+    # streams: nginx's default proxy_read_timeout is 60 s). Seeing the default on the wire would
+    # take a 15 s wait and a clock bound; the test above shows this setting is what paces them.
+    assert _sse.PING_INTERVAL == 15.0
