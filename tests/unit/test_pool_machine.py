@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ashd import runtime as runtime_module
 from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
@@ -681,3 +684,37 @@ def test_a_warm_spare_of_another_disk_size_is_not_handed_out(make_pool: Callable
         handle: SandboxHandle = pool.actor.claim("t", f"s{size}", False, "default", size).get(timeout=ASK)
         assert not handle.prewarmed and handle.sandbox_id != spare and handle.disk_bytes == size
     assert pool.counts() == {"warm": 1, "warming": 2}
+
+
+def test_the_idle_stop_is_logged_with_the_session_and_how_long_it_was_idle(
+        make_pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's record of a sandbox stopped for idleness: whose, and after how long."""
+    pool = make_pool(idle_timeout=2.0, sweep_interval=0.02)
+    handle = pool.claim("t", "s1")
+    with caplog.at_level(logging.WARNING, logger="ashd.actors._pool"):
+        configured = time.monotonic()
+        pool.ready(handle)  # its idle clock starts
+        assert pool.next_loss().session_id == "s1"
+
+        def stopped() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage() == "idle session sandbox stopped"]
+
+        wait_for(stopped, 30, "the idle stop logged")  # just after the session is told
+        elapsed = time.monotonic() - configured
+    (record,) = stopped()
+    assert (getattr(record, "sessionId", None), getattr(record, "sandboxId", None)) == ("s1", handle.sandbox_id)
+    # Whole seconds: at least the timeout, at most what the test saw pass.
+    assert 2 <= getattr(record, "idleSeconds", -1) <= elapsed
+
+
+def test_sandbox_ids_have_the_shape_the_server_start_assumes(make_pool: Callable[..., Pool]) -> None:
+    """The start-up check of SERVICE_DATA_DIR's length (the bridge socket's path lives under
+    <data>/sandboxes/<id>/, and Unix socket paths are limited) counts on ids of exactly this length,
+    and the rescue of a killed server's workspaces finds sandbox directories by their `sb-` prefix."""
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    ids = {pool.claim("t", "s1").sandbox_id, pool.claim("t", "s2", network=True).sandbox_id}
+    assert len(ids) == 2
+    for sandbox_id in ids:
+        assert re.fullmatch(r"sb-[0-9a-f]{16}", sandbox_id), sandbox_id
+        assert len(sandbox_id) == runtime_module._SANDBOX_ID_LEN
