@@ -354,17 +354,20 @@ def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
 
 def test_what_a_claim_asks_for_is_what_the_sandbox_is_launched_with(make_pool: Callable[..., Pool]) -> None:
     mib = 1024 * 1024
-    pool = make_pool(disk_quota=True, prewarm=1, max_capacity=6)
+    pool = make_pool(disk_quota=True, prewarm=1, max_capacity=7)
     pool.wait_counts({"warm": 1})
     default_size = pool.launcher.specs[next(iter(pool.launcher.specs))].limits.disk_bytes
     plain: SandboxHandle = pool.actor.claim("t", "plain").get(timeout=ASK)  # defaults: no network
     assert plain.prewarmed and not pool.launcher.specs[plain.sandbox_id].network
     traced: SandboxHandle = pool.actor.claim("t", "traced", False, "ptrace").get(timeout=ASK)
     assert not traced.prewarmed and pool.launcher.specs[traced.sandbox_id].seccomp == "ptrace"
+    # Whatever its name: a profile that sorts before "default" (a future one) is no default either.
+    other: SandboxHandle = pool.actor.claim("t", "other", False, "browser").get(timeout=ASK)
+    assert not other.prewarmed and pool.launcher.specs[other.sandbox_id].seccomp == "browser"
     big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * mib).get(timeout=ASK)
     assert not big.prewarmed and big.disk_bytes == 300 * mib
     assert pool.launcher.specs[big.sandbox_id].limits.disk_bytes == 300 * mib
-    pool.wait_counts({"warm": 1, "waiting": 1, "warming": 2})
+    pool.wait_counts({"warm": 1, "waiting": 1, "warming": 3})
     size = int(str(default_size))  # equal, not the same object
     same: SandboxHandle = pool.actor.claim("t", "same", False, "default", size).get(timeout=ASK)
     assert same.prewarmed  # the warm spare has the default size
