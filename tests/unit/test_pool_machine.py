@@ -702,7 +702,7 @@ def test_the_idle_stop_is_logged_with_the_session_and_how_long_it_was_idle(
         def stopped() -> list[logging.LogRecord]:
             return [r for r in caplog.records if r.getMessage() == "idle session sandbox stopped"]
 
-        wait_for(stopped, 30, "the idle stop logged")  # just after the session is told
+        wait_for(lambda: stopped() != [], 30, "the idle stop logged")  # just after the session is told
         elapsed = time.monotonic() - configured
     (record,) = stopped()
     assert (getattr(record, "sessionId", None), getattr(record, "sandboxId", None)) == ("s1", handle.sandbox_id)
