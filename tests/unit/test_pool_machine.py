@@ -721,3 +721,20 @@ def test_sandbox_ids_have_the_shape_the_server_start_assumes(make_pool: Callable
     for sandbox_id in ids:
         assert re.fullmatch(r"sb-[0-9a-f]{16}", sandbox_id), sandbox_id
         assert len(sandbox_id) == runtime_module._SANDBOX_ID_LEN
+
+
+def test_a_claims_alive_check_answers_as_the_pool_does(make_pool: Callable[..., Pool]) -> None:
+    """A warm resume asks its handle, not the pool, whether its sandbox is still there: yes while
+    the session holds a live sandbox; no once its process died, or once the pool let it go."""
+    pool = make_pool(sweep_interval=3600.0)  # sweeps when told: nothing notices the death for it
+    dying = pool.claim("t", "dying")
+    pool.ready(dying)
+    released = pool.claim("t", "released")
+    pool.ready(released)
+    assert dying.alive is not None and released.alive is not None
+    assert dying.alive() and released.alive()
+    pool.launcher.procs[dying.sandbox_id].popen.kill()
+    pool.launcher.procs[dying.sandbox_id].popen.wait()
+    assert not dying.alive() and released.alive()
+    pool.actor.release(released.sandbox_id).get(timeout=ASK)  # its destroy runs later, on a worker
+    assert not released.alive()  # gone from the pool, whether or not its process is stopped yet
