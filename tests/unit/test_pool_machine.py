@@ -279,8 +279,8 @@ def test_default_capacity_and_sweep_interval() -> None:
     assert default_capacity(64 * gib, 24 * gib) == 1  # never zero
     assert 1 <= default_capacity(512 * 1024**2) <= 1000  # this host's memory
     # A quarter of the idle timeout, between 50 ms and 5 s, unless set.
-    assert [PoolConfig(1, 0, t).effective_sweep_interval for t in (1.0, 100.0, 0.1)] == [0.25, 5.0, 0.05]
-    assert PoolConfig(1, 0, 100.0, sweep_interval=0.5).effective_sweep_interval == 0.5
+    assert [PoolConfig(1, 0, t, 1.0).effective_sweep_interval for t in (1.0, 100.0, 0.1)] == [0.25, 5.0, 0.05]
+    assert PoolConfig(1, 0, 100.0, 1.0, sweep_interval=0.5).effective_sweep_interval == 0.5
 
 
 def test_a_sandbox_idle_less_than_the_timeout_is_kept(make_pool: Callable[..., Pool]) -> None:
