@@ -115,6 +115,7 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
 
     yield make
     launcher.launch_gate.set()  # a pool stops only once the launches it started have returned
+    launcher.destroy_gate.set()
     for pool in made:
         if pool.ref.is_alive():
             pool.ref.stop(block=True, timeout=60)
@@ -738,3 +739,18 @@ def test_a_claims_alive_check_answers_as_the_pool_does(make_pool: Callable[..., 
     assert not dying.alive() and released.alive()
     pool.actor.release(released.sandbox_id).get(timeout=ASK)  # its destroy runs later, on a worker
     assert not released.alive()  # gone from the pool, whether or not its process is stopped yet
+
+
+def test_a_release_never_holds_up_the_pool_behind_the_sandboxs_teardown(make_pool: Callable[..., Pool]) -> None:
+    """A session's release returns at once: the shutdown ladder and the removal of its directories
+    (an unmount, seconds on a busy host) run on a worker, and other sessions' claims go ahead."""
+    pool = make_pool()
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.destroy_gate.clear()  # its teardown takes as long as the test wants
+    pool.actor.release(handle.sandbox_id).get(timeout=ASK)
+    other = pool.claim("t", "s2")
+    pool.ready(other)
+    assert pool.counts() == {"waiting": 1} and handle.sandbox_id not in pool.launcher.destroyed
+    pool.launcher.destroy_gate.set()
+    wait_for(lambda: handle.sandbox_id in pool.launcher.destroyed, 30, "its teardown finished")
