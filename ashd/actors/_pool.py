@@ -53,11 +53,11 @@ class _Entry:
     state: PoolState
     created: float
     last_active: float
+    network: bool
+    seccomp: str
     proc: Any = None  # SandboxProcess once launched
     tenant: str | None = None
     session_id: str | None = None
-    network: bool = False
-    seccomp: str = "default"
     disk_bytes: int = 0  # size of its disk (SandboxLimits.disk_bytes)
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
