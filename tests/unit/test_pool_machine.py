@@ -754,3 +754,21 @@ def test_a_release_never_holds_up_the_pool_behind_the_sandboxs_teardown(make_poo
     assert pool.counts() == {"waiting": 1} and handle.sandbox_id not in pool.launcher.destroyed
     pool.launcher.destroy_gate.set()
     wait_for(lambda: handle.sandbox_id in pool.launcher.destroyed, 30, "its teardown finished")
+
+
+def test_stopping_the_pool_returns_once_every_sandbox_is_torn_down(make_pool: Callable[..., Pool]) -> None:
+    """The server's shutdown waits for the pool's stop: when it returns, no sandbox directory (a
+    mounted disk) is left behind for the next start to clean up."""
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    pool.ready(pool.claim("t", "s1"))
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    pool.launcher.destroy_gate.clear()  # the teardowns take as long as the test wants
+    stopper = threading.Thread(target=pool.ref.stop, kwargs={"block": True, "timeout": 60})
+    stopper.start()
+    wait_for(lambda: not pool.ref.is_alive(), 30, "the pool stopping")
+    assert stopper.is_alive()  # still waiting for the teardowns
+    pool.launcher.destroy_gate.set()
+    stopper.join(60)
+    assert not stopper.is_alive()
+    assert sorted(pool.launcher.destroyed) == sorted(pool.launcher.procs)
