@@ -764,11 +764,16 @@ def test_stopping_the_pool_returns_once_every_sandbox_is_torn_down(make_pool: Ca
     pool.ready(pool.claim("t", "s1"))
     pool.wait_counts({"waiting": 1, "warm": 1})
     pool.launcher.destroy_gate.clear()  # the teardowns take as long as the test wants
-    stopper = threading.Thread(target=pool.ref.stop, kwargs={"block": True, "timeout": 60})
+    torn_down: list[list[str]] = []  # what was torn down when the stop returned
+
+    def stop() -> None:
+        pool.ref.stop(block=True, timeout=60)
+        torn_down.append(list(pool.launcher.destroyed))
+
+    stopper = threading.Thread(target=stop)
     stopper.start()
     wait_for(lambda: not pool.ref.is_alive(), 30, "the pool stopping")
-    assert stopper.is_alive()  # still waiting for the teardowns
+    assert torn_down == []  # still waiting for the teardowns
     pool.launcher.destroy_gate.set()
     stopper.join(60)
-    assert not stopper.is_alive()
-    assert sorted(pool.launcher.destroyed) == sorted(pool.launcher.procs)
+    assert [sorted(ids) for ids in torn_down] == [sorted(pool.launcher.procs)]
