@@ -71,7 +71,7 @@ def bench_pool(data: Path, n: int) -> None:
 
     try:
         for prewarm in (1, 0):
-            ref = PoolActor.start(PoolConfig(max_capacity=8, prewarm=prewarm, idle_timeout=3600.0),
+            ref = PoolActor.start(PoolConfig(max_capacity=8, prewarm=prewarm, idle_timeout=3600.0, shutdown_grace=2.0),
                                   launcher, spec_for, None, lambda lost: None)
             pool = ref.proxy()
             board = pool.board.get(timeout=30)

@@ -34,8 +34,8 @@ from ashd.storage import log_failure
 log = logging.getLogger(__name__)
 
 _FULL_DISK_RETRY = 60.0  # seconds before an idle sandbox kept for a full disk is looked at again
-_EVICTION_ORDER = (PoolState.COLD, PoolState.WARM, PoolState.WAITING)
-_LIVE = (PoolState.WARMING, PoolState.WARM, PoolState.WAITING, PoolState.RUNNING)
+# Spares first (cold, then warm, then a spare still warming: each cheaper than a session), then sessions.
+_EVICTION_ORDER = (PoolState.COLD, PoolState.WARM, PoolState.WARMING, PoolState.WAITING)
 
 
 MAX_DEFAULT_CAPACITY = 1000
@@ -53,16 +53,15 @@ class _Entry:
     state: PoolState
     created: float
     last_active: float
+    network: bool
+    seccomp: str
     proc: Any = None  # SandboxProcess once launched
     tenant: str | None = None
     session_id: str | None = None
-    network: bool = False
-    seccomp: str = "default"
     disk_bytes: int = 0  # size of its disk (SandboxLimits.disk_bytes)
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
     configured: bool = False
-    prepared: bool = False  # the warmer holds a connection to its bridge
     # A pre-warmed sandbox being started off the actor (disk image, launch): its result is the proc.
     starting: Future[Any] | None = None
 
@@ -76,8 +75,8 @@ class PoolConfig:
     max_capacity: int
     prewarm: int
     idle_timeout: float
+    shutdown_grace: float  # seconds between a sandbox's SIGTERM and its SIGKILL
     ready_timeout: float = 60.0
-    shutdown_grace: float = 2.0
     # None: a quarter of the idle timeout, between 50 ms and 5 s, so a short idle timeout (tests,
     # small hosts) is honoured closely and a dead sandbox is noticed within seconds.
     sweep_interval: float | None = None
@@ -144,8 +143,9 @@ class PoolActor(AioActor):
     def _holds(self, entry: _Entry) -> bool:
         """`is_alive` for one claimed entry, called from its session's thread, not this actor's: it
         only reads (one dict lookup, atomic under the GIL, and the process's exit status, which
-        both kinds of child answer thread-safely), so it needs no trip through the mailbox."""
-        return self._entries.get(entry.sandbox_id) is entry and entry.proc is not None and entry.proc.poll() is None
+        both kinds of child answer thread-safely), so it needs no trip through the mailbox. Ids are
+        never reused: an entry under this id is this one."""
+        return entry.sandbox_id in self._entries and entry.proc is not None and entry.proc.poll() is None
 
     def exit_info(self, sandbox_id: str) -> ExitInfo | None:
         entry = self._entries.get(sandbox_id)
@@ -173,7 +173,7 @@ class PoolActor(AioActor):
                 self._publish()
                 self._refill_later()  # after the reply: the claim never waits for a launch
                 return self._handle(warm, prewarmed=True)
-            starting = self._oldest_generic_warming(disk_bytes)
+            starting = self._oldest(PoolState.WARMING, disk_bytes)
             if starting is not None:
                 self._assign(starting, tenant, session_id, PoolState.WARMING)
                 self._publish()
@@ -260,7 +260,6 @@ class PoolActor(AioActor):
         elif entry.state is PoolState.WARMING and entry.session_id is None:
             entry.state = PoolState.WARM
             if self._warmer is not None:
-                entry.prepared = True
                 self._warmer.prepare(sandbox_id, self._launcher.paths_for(sandbox_id))
         self._publish()
 
@@ -305,19 +304,17 @@ class PoolActor(AioActor):
 
     # --- helpers -----------------------------------------------------------------------------
     def _oldest(self, state: PoolState, disk_bytes: int | None = None) -> _Entry | None:
+        """The oldest entry in this state (a waiting one: the least recently active). Warming: only
+        a spare (no session yet; every spare has no network and the default profile); waiting: only
+        a configured session (see _Entry.configured)."""
         candidates = [e for e in self._entries.values() if e.state is state
                       and (disk_bytes is None or e.disk_bytes == disk_bytes)]
+        if state is PoolState.WARMING:
+            candidates = [e for e in candidates if e.session_id is None]
         if state is PoolState.WAITING:
-            # Sessions still being configured are not candidates (see _Entry.configured).
             candidates = [e for e in candidates if e.configured]
         return min(candidates, key=lambda e: e.last_active if state is PoolState.WAITING else e.created,
                    default=None)
-
-    def _oldest_generic_warming(self, disk_bytes: int | None = None) -> _Entry | None:
-        candidates = [e for e in self._entries.values()
-                      if e.state is PoolState.WARMING and e.session_id is None and not e.network
-                      and e.seccomp == "default" and (disk_bytes is None or e.disk_bytes == disk_bytes)]
-        return min(candidates, key=lambda e: e.created, default=None)
 
     def _assign(self, entry: _Entry, tenant: str, session_id: str, state: PoolState) -> None:
         entry.tenant = tenant
@@ -331,8 +328,6 @@ class PoolActor(AioActor):
             return
         for state in _EVICTION_ORDER:
             victim = self._oldest(state)
-            if victim is None and state is PoolState.WARM:
-                victim = self._oldest_generic_warming()  # unassigned too: cheaper than a session
             if victim is None:
                 continue
             if state is PoolState.WAITING:
@@ -484,8 +479,9 @@ class PoolActor(AioActor):
                 proc = None
             if entry.proc is None:
                 entry.proc = proc
-        if entry.prepared and entry.session_id is None and self._warmer is not None:
-            self._warmer.discard(entry.sandbox_id)  # never claimed: nobody else closes its connection
+        if entry.session_id is None and self._warmer is not None:
+            # Never claimed: nobody else closes its warm connection (none yet: nothing to close).
+            self._warmer.discard(entry.sandbox_id)
         try:
             if entry.proc is not None:
                 rung = entry.proc.shutdown(None, grace=self.config.shutdown_grace)

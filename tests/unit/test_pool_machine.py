@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ashd import runtime as runtime_module
 from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
@@ -112,6 +115,7 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
 
     yield make
     launcher.launch_gate.set()  # a pool stops only once the launches it started have returned
+    launcher.destroy_gate.set()
     for pool in made:
         if pool.ref.is_alive():
             pool.ref.stop(block=True, timeout=60)
@@ -276,8 +280,8 @@ def test_default_capacity_and_sweep_interval() -> None:
     assert default_capacity(64 * gib, 24 * gib) == 1  # never zero
     assert 1 <= default_capacity(512 * 1024**2) <= 1000  # this host's memory
     # A quarter of the idle timeout, between 50 ms and 5 s, unless set.
-    assert [PoolConfig(1, 0, t).effective_sweep_interval for t in (1.0, 100.0, 0.1)] == [0.25, 5.0, 0.05]
-    assert PoolConfig(1, 0, 100.0, sweep_interval=0.5).effective_sweep_interval == 0.5
+    assert [PoolConfig(1, 0, t, 1.0).effective_sweep_interval for t in (1.0, 100.0, 0.1)] == [0.25, 5.0, 0.05]
+    assert PoolConfig(1, 0, 100.0, 1.0, sweep_interval=0.5).effective_sweep_interval == 0.5
 
 
 def test_a_sandbox_idle_less_than_the_timeout_is_kept(make_pool: Callable[..., Pool]) -> None:
@@ -351,17 +355,20 @@ def test_a_sandbox_claimed_while_warming_is_never_taken_over_by_another_tenant(
 
 def test_what_a_claim_asks_for_is_what_the_sandbox_is_launched_with(make_pool: Callable[..., Pool]) -> None:
     mib = 1024 * 1024
-    pool = make_pool(disk_quota=True, prewarm=1, max_capacity=6)
+    pool = make_pool(disk_quota=True, prewarm=1, max_capacity=7)
     pool.wait_counts({"warm": 1})
     default_size = pool.launcher.specs[next(iter(pool.launcher.specs))].limits.disk_bytes
     plain: SandboxHandle = pool.actor.claim("t", "plain").get(timeout=ASK)  # defaults: no network
     assert plain.prewarmed and not pool.launcher.specs[plain.sandbox_id].network
     traced: SandboxHandle = pool.actor.claim("t", "traced", False, "ptrace").get(timeout=ASK)
     assert not traced.prewarmed and pool.launcher.specs[traced.sandbox_id].seccomp == "ptrace"
+    # Whatever its name: a profile that sorts before "default" (a future one) is no default either.
+    other: SandboxHandle = pool.actor.claim("t", "other", False, "browser").get(timeout=ASK)
+    assert not other.prewarmed and pool.launcher.specs[other.sandbox_id].seccomp == "browser"
     big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * mib).get(timeout=ASK)
     assert not big.prewarmed and big.disk_bytes == 300 * mib
     assert pool.launcher.specs[big.sandbox_id].limits.disk_bytes == 300 * mib
-    pool.wait_counts({"warm": 1, "waiting": 1, "warming": 2})
+    pool.wait_counts({"warm": 1, "waiting": 1, "warming": 3})
     size = int(str(default_size))  # equal, not the same object
     same: SandboxHandle = pool.actor.claim("t", "same", False, "default", size).get(timeout=ASK)
     assert same.prewarmed  # the warm spare has the default size
@@ -681,3 +688,92 @@ def test_a_warm_spare_of_another_disk_size_is_not_handed_out(make_pool: Callable
         handle: SandboxHandle = pool.actor.claim("t", f"s{size}", False, "default", size).get(timeout=ASK)
         assert not handle.prewarmed and handle.sandbox_id != spare and handle.disk_bytes == size
     assert pool.counts() == {"warm": 1, "warming": 2}
+
+
+def test_the_idle_stop_is_logged_with_the_session_and_how_long_it_was_idle(
+        make_pool: Callable[..., Pool], caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's record of a sandbox stopped for idleness: whose, and after how long."""
+    pool = make_pool(idle_timeout=2.0, sweep_interval=0.02)
+    handle = pool.claim("t", "s1")
+    with caplog.at_level(logging.WARNING, logger="ashd.actors._pool"):
+        configured = time.monotonic()
+        pool.ready(handle)  # its idle clock starts
+        assert pool.next_loss().session_id == "s1"
+
+        def stopped() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage() == "idle session sandbox stopped"]
+
+        wait_for(lambda: stopped() != [], 30, "the idle stop logged")  # just after the session is told
+        elapsed = time.monotonic() - configured
+    (record,) = stopped()
+    assert (getattr(record, "sessionId", None), getattr(record, "sandboxId", None)) == ("s1", handle.sandbox_id)
+    # Whole seconds: at least the timeout, at most what the test saw pass.
+    assert 2 <= getattr(record, "idleSeconds", -1) <= elapsed
+
+
+def test_sandbox_ids_have_the_shape_the_server_start_assumes(make_pool: Callable[..., Pool]) -> None:
+    """The start-up check of SERVICE_DATA_DIR's length (the bridge socket's path lives under
+    <data>/sandboxes/<id>/, and Unix socket paths are limited) counts on ids of exactly this length,
+    and the rescue of a killed server's workspaces finds sandbox directories by their `sb-` prefix."""
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    ids = {pool.claim("t", "s1").sandbox_id, pool.claim("t", "s2", network=True).sandbox_id}
+    assert len(ids) == 2
+    for sandbox_id in ids:
+        assert re.fullmatch(r"sb-[0-9a-f]{16}", sandbox_id), sandbox_id
+        assert len(sandbox_id) == runtime_module._SANDBOX_ID_LEN
+
+
+def test_a_claims_alive_check_answers_as_the_pool_does(make_pool: Callable[..., Pool]) -> None:
+    """A warm resume asks its handle, not the pool, whether its sandbox is still there: yes while
+    the session holds a live sandbox; no once its process died, or once the pool let it go."""
+    pool = make_pool(sweep_interval=3600.0)  # sweeps when told: nothing notices the death for it
+    dying = pool.claim("t", "dying")
+    pool.ready(dying)
+    released = pool.claim("t", "released")
+    pool.ready(released)
+    assert dying.alive is not None and released.alive is not None
+    assert dying.alive() and released.alive()
+    pool.launcher.procs[dying.sandbox_id].popen.kill()
+    pool.launcher.procs[dying.sandbox_id].popen.wait()
+    assert not dying.alive() and released.alive()
+    pool.actor.release(released.sandbox_id).get(timeout=ASK)  # its destroy runs later, on a worker
+    assert not released.alive()  # gone from the pool, whether or not its process is stopped yet
+
+
+def test_a_release_never_holds_up_the_pool_behind_the_sandboxs_teardown(make_pool: Callable[..., Pool]) -> None:
+    """A session's release returns at once: the shutdown ladder and the removal of its directories
+    (an unmount, seconds on a busy host) run on a worker, and other sessions' claims go ahead."""
+    pool = make_pool()
+    handle = pool.claim("t", "s1")
+    pool.ready(handle)
+    pool.launcher.destroy_gate.clear()  # its teardown takes as long as the test wants
+    pool.actor.release(handle.sandbox_id).get(timeout=ASK)
+    other = pool.claim("t", "s2")
+    pool.ready(other)
+    assert pool.counts() == {"waiting": 1} and handle.sandbox_id not in pool.launcher.destroyed
+    pool.launcher.destroy_gate.set()
+    wait_for(lambda: handle.sandbox_id in pool.launcher.destroyed, 30, "its teardown finished")
+
+
+def test_stopping_the_pool_returns_once_every_sandbox_is_torn_down(make_pool: Callable[..., Pool]) -> None:
+    """The server's shutdown waits for the pool's stop: when it returns, no sandbox directory (a
+    mounted disk) is left behind for the next start to clean up."""
+    pool = make_pool(prewarm=1)
+    pool.wait_counts({"warm": 1})
+    pool.ready(pool.claim("t", "s1"))
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    pool.launcher.destroy_gate.clear()  # the teardowns take as long as the test wants
+    torn_down: list[list[str]] = []  # what was torn down when the stop returned
+
+    def stop() -> None:
+        pool.ref.stop(block=True, timeout=60)
+        torn_down.append(list(pool.launcher.destroyed))
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    wait_for(lambda: not pool.ref.is_alive(), 30, "the pool stopping")
+    assert torn_down == []  # still waiting for the teardowns
+    pool.launcher.destroy_gate.set()
+    stopper.join(60)
+    assert [sorted(ids) for ids in torn_down] == [sorted(pool.launcher.procs)]
