@@ -1,7 +1,9 @@
 """The session's state machine on its own: SessionActor messages, no HTTP.
 
 Real parts: the session rows in SQLite, a real PoolActor, and real bridge processes (unsandboxed,
-tests/fixtures/plain_launcher.py) that the actor connects to and configures. Each rejection of
+tests/fixtures/plain_launcher.py) that the actor connects to and configures; credentials in the
+real credential store; where a test asks (`open_machine`), a real SnapshotActor, LogTails and a
+ModelProxy in front of the fake model. Each rejection of
 the state table is checked with the exact status the API answers; each accepted transition by
 the stored row the next request reads. The HTTP view of the same table is
 tests/integration/test_session_states.py.
@@ -10,27 +12,36 @@ tests/integration/test_session_states.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 
 from ashd.actors._aio import call
 from ashd.actors._pool import PoolActor, PoolConfig
 from ashd.actors._pool_types import LossReason, SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps
+from ashd.actors._session_logs import LogTails
+from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.devtools.fake_model import FakeModel
 from ashd.errors import NotFound, ServiceError
+from ashd.sandboxing._model_proxy import ModelProxy
 from ashd.sandboxing._types import SandboxSpec
 from ashd.storage import Database
 from ashd.storage._agents import AgentView
+from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher
-from ashd.storage._models import Agent, Session, new_id
+from ashd.storage._models import Agent, Session, iso, new_id
+from ashd.storage._session_logs import SessionLogs
 from ashd.storage._sessions import Sessions
+from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.fixtures.plain_launcher import PlainLauncher
 from tests.fixtures.sandboxes import wait_for
 
@@ -83,9 +94,16 @@ class Machine:
     pool: Any  # PoolActor proxy
     launcher: PlainLauncher
     agents: dict[str, AgentView]
+    credentials: Credentials
     deps: SessionDeps | None = None
+    snapshots: Any = None  # SnapshotProxy, or None: no snapshots
+    model_proxy: ModelProxy | None = None
+    logs: SessionLogs | None = None  # where LogTails stores the sessions' logs
     actors: dict[str, Any] = field(default_factory=dict)
     resumes: list[tuple[str, str]] = field(default_factory=list)
+    # on_status calls: (tenant, session id, agent, from, to, action, extra)
+    statuses: list[tuple[Any, ...]] = field(default_factory=list)
+    listener_fails: bool = False  # on_status raises (after recording)
 
     def actor(self, sid: str) -> Any:
         assert self.deps is not None
@@ -107,10 +125,15 @@ class Machine:
                                            config="{}", error=error))
         return sid
 
-    async def create(self, agent: str = "helper", env: bytes | None = None) -> tuple[str, dict[str, Any]]:
+    async def create(self, agent: str = "helper", env: bytes | None = None, *, extra_env: dict[str, str] | None = None,
+                     config: dict[str, Any] | None = None, credential_id: str | None = None,
+                     model: str | None = None) -> tuple[str, dict[str, Any]]:
         sid = new_id()
-        row = Session(id=sid, tenant_id=TENANT, agent_name=agent, model=None, status="starting", config="{}",
-                      env_ciphertext=env)
+        if extra_env is not None:
+            env = Cipher(KEY).encrypt_json(extra_env, sid.encode())
+        row = Session(id=sid, tenant_id=TENANT, agent_name=agent, model=model, status="starting",
+                      config=json.dumps(config or {}), env_ciphertext=env, credential_id=credential_id,
+                      runner_id=self.deps.runner_id if self.deps is not None else None)
         await self.sessions.insert(row)
         req = CreateRequest(sid, TENANT, agent, None, {}, agent=self.agents[agent])
         view: dict[str, Any] = await call(self.actor(sid).create(req, row), 2 * T)
@@ -120,16 +143,35 @@ class Machine:
         return await self.sessions.get(TENANT, sid)
 
     async def lifecycle(self, sid: str) -> list[str]:
+        return [e["action"] for e in await self.lifecycle_events(sid)]
+
+    async def lifecycle_events(self, sid: str) -> list[dict[str, Any]]:
         events = await self.sessions.events(TENANT, sid, 0, 100, "lifecycle")
-        return [json.loads(e["data"])["action"] for e in events]
+        return [json.loads(e["data"]) for e in events]
+
+    async def run(self, sid: str, *argv: str) -> str:
+        """Run a command in the session's sandbox through the bridge (POST .../exec): its stdout."""
+        conn = await self.ask(sid, "begin_exec")
+        try:
+            result = await conn.exec(list(argv), timeout=T)
+        finally:
+            await self.ask(sid, "end_exec")
+        assert result.get("exitCode") == 0, result
+        return str(result.get("stdout"))
 
     def counts(self) -> dict[str, int]:
         stats: dict[str, int] = self.pool.stats().get(timeout=T)
         return {k: stats[k] for k in ("warming", "warm", "waiting", "running") if stats[k]}
 
 
-@pytest.fixture
-async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
+@contextlib.asynccontextmanager
+async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None, snapshots: bool = False,
+                       runner_id: str | None = None, model_url: str | None = None,
+                       logs: bool = False) -> AsyncIterator[Machine]:
+    """The Machine over fresh storage and a fresh pool. `snapshots`: a real SnapshotActor in the
+    data dir (`snapshot_max_bytes` its limit); `runner_id`: the actors run as that runner's;
+    `model_url`: a real ModelProxy in front of that model; `logs`: the sessions' logs kept (LogTails,
+    no sweep: a sandbox's lines are stored when it goes)."""
     db = await Database.open(f"sqlite+aiosqlite:///{short_tmp / 'ashd.db'}")
     launcher = PlainLauncher(short_tmp / "sb", bridge=True)
     agent_dir = short_tmp / "agent"
@@ -152,25 +194,34 @@ async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
     lost: list[SandboxLost] = []
     pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=0, idle_timeout=3600.0, shutdown_grace=1.0),
                                launcher, spec_for, None, lost.append)
-    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents)
+    snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes)
+                    if snapshots or snapshot_max_bytes is not None else None)
+    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher),
+                snapshots=snapshot_proxy(snapshot_ref) if snapshot_ref is not None else None,
+                model_proxy=ModelProxy(model_url) if model_url is not None else None,
+                logs=SessionLogs(db) if logs else None)
+    tails = LogTails(m.logs, interval=3600) if m.logs is not None else None
 
     async def resolve_agent(_tenant: str, name: str) -> AgentView:
         if name not in agents:
             raise NotFound(f"Agent {name} not found")
         return agents[name]
 
-    async def resolve_credential(_tenant: str, cid: str) -> Any:
-        raise NotFound(f"Credential {cid} not found")
-
     async def record_usage(*_args: Any) -> None:
         return None
 
+    def on_status(*change: Any) -> None:
+        m.statuses.append(change)
+        if m.listener_fails:
+            raise RuntimeError("the webhook queue is broken")
+
     m.deps = SessionDeps(
-        loop=asyncio.get_running_loop(), sessions=m.sessions, pool=m.pool, snapshots=None, model_proxy=None,
-        resolve_agent=resolve_agent, resolve_credential=resolve_credential,
+        loop=asyncio.get_running_loop(), sessions=m.sessions, pool=m.pool, snapshots=m.snapshots, model_proxy=m.model_proxy,
+        resolve_agent=resolve_agent, resolve_credential=m.credentials.use,
         decrypt_env=decrypt_env, count_resume=lambda path, sid, _agent: m.resumes.append((path, sid)),
         record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=T, shutdown_grace=1.0,
-        network_default=False, sandbox_owner=lambda _sid: None)
+        network_default=False, sandbox_owner=lambda _sid: None, runner_id=runner_id, on_status=on_status,
+        session_logs=tails)
     try:
         yield m
     finally:
@@ -178,8 +229,20 @@ async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
             if ref.is_alive():
                 ref.stop(block=False)
         await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=60))
+        if snapshot_ref is not None:
+            await asyncio.to_thread(lambda: snapshot_ref.stop(block=True, timeout=60))
+        if m.model_proxy is not None:
+            await m.model_proxy.close()
+        if tails is not None:
+            await tails.close()
         launcher.kill_all()
         await db.close()
+
+
+@pytest.fixture
+async def machine(short_tmp: Path) -> AsyncIterator[Machine]:
+    async with open_machine(short_tmp) as m:
+        yield m
 
 
 # --- rejections: the exact status of each refused row -------------------------------------------
@@ -197,12 +260,23 @@ REFUSED = {
 }
 
 
+# what an ended session's refusals say: where to go instead
+MESSAGES = {
+    ("begin_turn", "ended"): "Session is ended; create a new session",
+    ("begin_turn", "paused"): "Session is paused; resume it before sending messages",
+    ("resume", "ended"): "Session has ended; create a new session",
+    ("stop_session", "paused"): "Session is paused; only an active or starting session can be stopped",
+}
+
+
 async def test_every_refused_transition_has_its_status_and_changes_nothing(machine: Machine) -> None:
     for (message, status), code in REFUSED.items():
         sid = await machine.insert(status, error="boom" if status == "error" else None)
         args: tuple[Any, ...] = ("hello", None) if message == "begin_turn" else ()
         refused = await machine.refused(sid, message, *args)
         assert refused.status_code == code, (message, status, refused.message)
+        if (message, status) in MESSAGES:
+            assert refused.message == MESSAGES[message, status]
         row = await machine.row(sid)
         assert (row.status, row.error) == (status, "boom" if status == "error" else None), (message, status)
         assert await machine.lifecycle(sid) == [], (message, status)
@@ -436,3 +510,461 @@ async def test_a_pause_waiting_for_a_turn_is_answered_when_the_actor_stops(machi
     with pytest.raises(ServiceError) as refused:  # at once, not at the caller's timeout
         await asyncio.wait_for(pausing, 5)
     assert refused.value.status_code == 503
+
+
+# --- resume paths, setup and snapshots -----------------------------------------------------------
+
+async def test_a_resume_records_its_path_and_only_a_cold_one_says_whether_the_workspace_came_back(
+        machine: Machine) -> None:
+    sid, _ = await machine.create()
+    await machine.ask(sid, "pause")
+    warm = await machine.ask(sid, "resume")
+    assert "workspaceRestored" not in warm
+    await machine.ask(sid, "stop_session")
+    cold = await machine.ask(sid, "resume")
+    assert cold["workspaceRestored"] is False  # no snapshots here: a fresh agent folder
+    resumed = [e for e in await machine.lifecycle_events(sid) if e["action"] == "resumed"]
+    assert [{k: v for k, v in e.items() if k not in ("action", "ts")} for e in resumed] == [
+        {"status": "active", "path": "warm"}, {"status": "active", "path": "cold", "workspaceRestored": False}]
+
+
+async def test_a_restored_workspace_keeps_its_files_and_does_not_run_setup_again(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, snapshots=True) as machine:
+        (Path(machine.agents["helper"].path) / "setup.sh").write_text("echo ran >> setup-runs.txt\n")
+        sid, _ = await machine.create()
+        assert await machine.run(sid, "cat", "setup-runs.txt") == "ran\n"
+        await machine.run(sid, "sh", "-c", "echo kept > notes.txt")
+        assert (await machine.ask(sid, "stop_session"))["status"] == "stopped"  # snapshots the workspace
+        resumed = await machine.ask(sid, "resume")
+        assert resumed["workspaceRestored"] is True
+        assert (await machine.lifecycle_events(sid))[-1]["workspaceRestored"] is True
+        assert await machine.run(sid, "cat", "notes.txt") == "kept\n"
+        assert await machine.run(sid, "cat", "setup-runs.txt") == "ran\n"  # setup ran once, at creation
+
+
+async def test_a_pause_snapshots_the_workspace(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, snapshots=True) as machine:
+        sid, _ = await machine.create()
+        await machine.run(sid, "sh", "-c", "echo paused-work > notes.txt")
+        assert machine.snapshots.latest(sid).get(timeout=T) is None
+        assert (await machine.ask(sid, "pause"))["status"] == "paused"
+        wait_for(lambda: machine.snapshots.latest(sid).get(timeout=T) is not None, T, "the pause's snapshot")
+        reader = machine.snapshots.reader(sid).get(timeout=T)
+        assert "notes.txt" in {f.path for f in reader.list_files()}
+
+
+async def test_a_fork_starts_from_its_snapshot_of_the_parent_workspace(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, snapshots=True) as machine:
+        (Path(machine.agents["helper"].path) / "setup.sh").write_text("echo ran >> setup-runs.txt\n")
+        parent, _ = await machine.create()
+        await machine.run(parent, "sh", "-c", "echo parent-work > notes.txt")
+        child = new_id()  # as the registry forks: the live workspace snapshotted as the child's, the row
+        workspace = await machine.ask(parent, "workspace")
+        machine.snapshots.snapshot(child, workspace).get(timeout=T)
+        row = await machine.sessions.insert_fork(
+            Session(id=child, tenant_id=TENANT, agent_name="helper", model=None, status="starting", config="{}"),
+            parent)
+        view = await call(machine.actor(child).start_fork(row), 2 * T)
+        assert (view["status"], view["parentSessionId"]) == ("active", parent)
+        assert (await machine.lifecycle_events(child))[-1] == {
+            "action": "forked", "status": "active", "parentSessionId": parent}
+        assert await machine.run(child, "cat", "notes.txt") == "parent-work\n"
+        assert await machine.run(child, "cat", "setup-runs.txt") == "ran\n"  # the parent's setup, not again
+
+
+async def test_a_fresh_agent_folder_runs_setup_again_on_a_cold_resume(machine: Machine) -> None:
+    (Path(machine.agents["helper"].path) / "setup.sh").write_text("echo ran >> setup-runs.txt\n")
+    sid, _ = await machine.create()
+    await machine.run(sid, "sh", "-c", "echo lost > notes.txt")
+    await machine.ask(sid, "stop_session")
+    assert (await machine.ask(sid, "resume"))["workspaceRestored"] is False
+    assert await machine.run(sid, "cat", "setup-runs.txt") == "ran\n"
+    assert await machine.run(sid, "ls") == "AGENT.md\nsetup-runs.txt\nsetup.sh\n"
+
+
+async def test_a_workspace_over_the_snapshot_limit_refuses_a_stop_but_not_a_delete(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, snapshot_max_bytes=64 * 1024) as machine:
+        sid, view = await machine.create()
+        await machine.run(sid, "sh", "-c", "head -c 200000 /dev/zero > big.bin")
+        refused = await machine.refused(sid, "stop_session")
+        assert refused.status_code == 413, refused.message
+        row = await machine.row(sid)  # nothing lost: the session keeps its sandbox and workspace
+        assert (row.status, row.sandbox_id) == ("active", view["sandboxId"])
+        assert await machine.run(sid, "wc", "-c", "big.bin") == "200000 big.bin\n"
+        ended = await machine.ask(sid, "delete")
+        assert ended["status"] == "ended"
+        last = (await machine.lifecycle_events(sid))[-1]
+        assert last["action"] == "ended" and last["snapshot"] == refused.message
+        wait_for(lambda: machine.counts() == {}, T, "the ended session's sandbox released")
+
+
+# --- commands through the API and turns: what keeps the sandbox running --------------------------
+
+async def test_the_sandbox_stays_running_until_the_last_command_and_the_turn_end(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    await machine.ask(sid, "begin_exec")
+    await machine.ask(sid, "begin_exec")
+    assert machine.counts() == {"running": 1}
+    await machine.ask(sid, "end_exec")
+    assert machine.counts() == {"running": 1}  # one command still runs
+    await machine.ask(sid, "end_exec")
+    assert machine.counts() == {"waiting": 1}
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    await machine.ask(sid, "begin_exec")
+    await machine.ask(sid, "end_exec")
+    assert machine.counts() == {"running": 1}  # the turn still runs
+    await machine.ask(sid, "begin_exec")
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    assert machine.counts() == {"running": 1}  # the command still runs
+    await machine.ask(sid, "end_exec")
+    assert machine.counts() == {"waiting": 1}
+    await machine.ask(sid, "end_exec")  # one too many: no count below zero
+    await machine.ask(sid, "begin_exec")
+    await machine.ask(sid, "end_exec")
+    assert machine.counts() == {"waiting": 1}
+
+
+# --- live config (PATCH .../config) --------------------------------------------------------------
+
+async def test_a_config_change_is_stored_and_a_null_clears_it(machine: Machine) -> None:
+    sid, _ = await machine.create(config={"allowedTools": ["Read"], "betas": ["b1"]})
+    await machine.ask(sid, "pause")
+    view = await machine.ask(sid, "configure", {"model": "m-2", "betas": None, "disallowedTools": ["Bash"]})
+    assert (view["status"], view["model"], view["allowedTools"], view["disallowedTools"]) == (
+        "paused", "m-2", ["Read"], ["Bash"])
+    assert "betas" not in view
+    row = await machine.row(sid)
+    assert (row.model, json.loads(row.config)) == ("m-2", {"allowedTools": ["Read"], "disallowedTools": ["Bash"]})
+    assert (await machine.ask(sid, "view"))["model"] == "m-2"
+
+
+async def test_a_config_change_is_refused_while_starting_and_once_ended(machine: Machine) -> None:
+    for status, code in (("starting", 409), ("ended", 410)):
+        sid = await machine.insert(status)
+        refused = await machine.refused(sid, "configure", {"model": "m-2"})
+        assert refused.status_code == code, (status, refused.message)
+        assert (await machine.row(sid)).model is None
+
+
+async def test_initial_agent_must_name_one_of_the_subagents(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    refused = await machine.refused(sid, "configure", {"initialAgent": "writer"})
+    assert (refused.status_code, refused.message) == (
+        400, "`initialAgent` 'writer' must name one of the session's `subagents` (none); change `initialAgent` "
+             "(or clear it with null) together with `subagents`")
+    subagents = {"reviewer": {"prompt": "review"}, "coder": {"prompt": "code"}}
+    refused = await machine.refused(sid, "configure", {"subagents": subagents, "initialAgent": "writer"})
+    assert "(coder, reviewer)" in refused.message
+    assert json.loads((await machine.row(sid)).config) == {}  # nothing stored
+    view = await machine.ask(sid, "configure", {"subagents": subagents, "initialAgent": "coder"})
+    assert (view["initialAgent"], view["subagents"]) == ("coder", subagents)
+    cleared = await machine.ask(sid, "configure", {"subagents": None, "initialAgent": None})
+    assert "initialAgent" not in cleared and "subagents" not in cleared
+
+
+async def test_config_changes_go_to_the_live_bridge_with_the_next_turn_only(machine: Machine) -> None:
+    helper = machine.agents["helper"]
+    machine.agents["helper"] = AgentView(helper.id, helper.name, 1, helper.path, "agent-model", {}, False)
+    sid, _ = await machine.create(model="session-model")
+    await machine.ask(sid, "configure", {"model": None, "allowedTools": ["Read"]})
+    await machine.ask(sid, "configure", {"betas": ["b1"]})  # added to the changes not yet sent
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    # a cleared model falls back to the agent's, as at init
+    assert ticket.live_config == {"model": "agent-model", "allowedTools": ["Read"], "betas": ["b1"]}
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    ticket = await machine.ask(sid, "begin_turn", "again", None)
+    assert ticket.live_config is None  # sent once
+    await machine.ask(sid, "end_turn", ticket.query_id)
+
+    await machine.ask(sid, "configure", {"model": "m-3"})
+    await machine.ask(sid, "stop_session")
+    await machine.ask(sid, "resume")  # a new sandbox: its init has the stored config
+    ticket = await machine.ask(sid, "begin_turn", "third", None)
+    assert (ticket.live_config, ticket.model) == (None, "m-3")
+
+
+async def test_a_config_change_of_a_session_without_its_agent_still_reaches_the_bridge(machine: Machine) -> None:
+    sid, _ = await machine.create(model="session-model")
+    del machine.agents["helper"]  # the agent was deleted: the session works on
+    await machine.ask(sid, "configure", {"model": None})
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    assert ticket.live_config == {"model": None}
+
+
+# --- the sandbox's environment --------------------------------------------------------------------
+
+def _env_of(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+async def test_the_sandbox_gets_the_agent_credential_and_session_env_but_no_anthropic_key(
+        machine: Machine) -> None:
+    helper = machine.agents["helper"]
+    machine.agents["helper"] = AgentView(helper.id, helper.name, 1, helper.path, None,
+                                         {"FROM_AGENT": "a", "SHARED": "agent", "ANTHROPIC_AUTH_TOKEN": "sk-agent"},
+                                         False)
+    openai = await machine.credentials.create(TENANT, "openai", "sk-openai-123", None)
+    sid, _ = await machine.create(credential_id=openai.id, extra_env={
+        "SHARED": "session", "OPENAI_API_KEY": "sk-session", "ANTHROPIC_API_KEY": "sk-planted"})
+    env = _env_of(await machine.run(sid, "env"))
+    assert (env["FROM_AGENT"], env["SHARED"]) == ("a", "session")  # the session's env over the agent's
+    assert env["OPENAI_API_KEY"] == "sk-session"  # ... and over the credential's
+    assert "ANTHROPIC_API_KEY" not in env and "ANTHROPIC_AUTH_TOKEN" not in env
+
+    other, _ = await machine.create(credential_id=openai.id)
+    assert _env_of(await machine.run(other, "env"))["OPENAI_API_KEY"] == "sk-openai-123"
+
+    anthropic = await machine.credentials.create(TENANT, "anthropic", "sk-ant-secret-456", None)
+    third, _ = await machine.create(credential_id=anthropic.id)
+    assert "sk-ant-secret-456" not in await machine.run(third, "env")  # the model proxy adds it
+
+
+async def test_a_session_whose_credential_is_gone_fails_to_start_with_404(machine: Machine) -> None:
+    with pytest.raises(ServiceError) as failed:
+        await machine.create(credential_id="cred-gone")
+    assert (failed.value.status_code, failed.value.message) == (404, "Credential cred-gone not found")
+    [row] = await machine.sessions.list(TENANT, "helper")
+    assert (row.status, row.error) == ("error", "Credential cred-gone not found")
+    assert machine.counts() == {}
+
+
+# --- status listener (webhooks' session.status_changed) -------------------------------------------
+
+async def test_each_status_change_is_told_once_and_stands_when_its_listener_fails(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    await machine.ask(sid, "pause")
+    await machine.ask(sid, "resume")
+    machine.listener_fails = True
+    assert (await machine.ask(sid, "stop_session"))["status"] == "stopped"
+    assert (await machine.row(sid)).status == "stopped"
+    assert machine.statuses == [
+        (TENANT, sid, "helper", "starting", "active", "created", {}),
+        (TENANT, sid, "helper", "active", "paused", "paused", {}),
+        (TENANT, sid, "helper", "paused", "active", "resumed", {"path": "warm"}),
+        (TENANT, sid, "helper", "active", "stopped", "stopped", {}),
+    ]
+    machine.listener_fails = False
+    # active to active (a session whose actor holds no sandbox, resumed cold): no status change
+    active = await machine.insert("active")
+    assert (await machine.ask(active, "resume"))["status"] == "active"
+    assert await machine.lifecycle(active) == ["resumed"]
+    assert [change for change in machine.statuses if change[1] == active] == []
+
+
+# --- on a runner: the coordinators change sessions too ---------------------------------------------
+
+async def test_on_a_runner_a_turn_reads_the_status_the_database_has(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, runner_id="runner-1") as machine:
+        sid, _ = await machine.create()
+        # a coordinator's liveness sweep paused it (it thought this runner dead)
+        await machine.sessions.transition(sid, TENANT, "paused", "paused")
+        refused = await machine.refused(sid, "begin_turn", "hello", None)
+        assert (refused.status_code, refused.message) == (400, "Session is paused; resume it before sending messages")
+        resumed = await machine.ask(sid, "resume")
+        assert (resumed["status"], resumed["runnerId"]) == ("active", "runner-1")
+
+
+async def test_on_a_runner_a_resume_claims_the_session_for_it(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, runner_id="runner-1") as machine:
+        sid = await machine.insert("paused")
+        async with machine.sessions.db.tx() as s:  # last held by a runner that died
+            await s.execute(update(Session).where(Session.id == sid).values(runner_id="runner-dead"))
+        resumed = await machine.ask(sid, "resume")
+        assert (resumed["status"], resumed["runnerId"]) == ("active", "runner-1")
+        assert (await machine.row(sid)).runner_id == "runner-1"
+
+
+async def test_a_runner_whose_session_was_resumed_elsewhere_lets_its_sandbox_go(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, runner_id="runner-1") as machine:
+        sid, _ = await machine.create()
+        # thought dead: the session was resumed on runner-2 meanwhile
+        await machine.sessions.transition(sid, TENANT, "active", "resumed", runner_id="runner-2", sandbox_id="sb-2")
+        refused = await machine.refused(sid, "pause")
+        assert refused.status_code == 409, refused.message
+        row = await machine.row(sid)
+        assert (row.status, row.runner_id, row.sandbox_id) == ("active", "runner-2", "sb-2")  # not written
+        wait_for(lambda: machine.counts() == {}, T, "this runner's stale sandbox released")
+        assert await machine.lifecycle(sid) == ["created", "resumed"]
+
+
+
+async def test_an_interrupt_is_sent_and_the_turn_runs_until_it_ends(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    assert await machine.ask(sid, "interrupt") == {"ok": True, "sessionId": sid}
+    assert await machine.ask(sid, "running_turn") == ticket.query_id  # the turn's end is the stream's to store
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    assert await machine.ask(sid, "running_turn") is None
+    assert (await machine.refused(sid, "interrupt")).status_code == 409
+
+
+async def test_a_turn_ticket_names_the_session_sandbox_and_model(machine: Machine) -> None:
+    sid, view = await machine.create(model="session-model")
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    assert (ticket.session_id, ticket.tenant, ticket.agent_name, ticket.sandbox_id, ticket.model) == (
+        sid, TENANT, "helper", view["sandboxId"], "session-model")
+    assert ticket.query_id.startswith("q-") and len(ticket.query_id) == 14
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    ticket = await machine.ask(sid, "begin_turn", "again", "message-model")  # the message's model wins
+    assert ticket.model == "message-model"
+
+
+async def test_a_view_after_a_turn_shows_its_last_activity(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    stored = await machine.row(sid)
+    assert stored.last_active_at is not None
+    assert (await machine.ask(sid, "view"))["lastActiveAt"] == iso(stored.last_active_at)
+
+
+async def test_commands_need_an_active_session_and_bring_a_dead_sandbox_back(machine: Machine) -> None:
+    for status, message in (("ended", "Session is ended; create a new session"),
+                            ("paused", "Session is paused; resume it before running commands")):
+        sid = await machine.insert(status)
+        refused = await machine.refused(sid, "begin_exec")
+        assert (refused.status_code, refused.message) == (400, message)
+    sid, view = await machine.create()
+    machine.launcher.procs[view["sandboxId"]].popen.kill()
+    wait_for(lambda: not machine.pool.is_alive(view["sandboxId"]).get(timeout=T), T, "the sandbox dead")
+    assert await machine.run(sid, "echo", "back") == "back\n"  # on a new sandbox
+    assert (await machine.ask(sid, "workspace")) != machine.launcher.paths_for(view["sandboxId"]).workspace
+
+
+async def test_a_command_while_a_turn_runs_in_a_dead_sandbox_is_refused(machine: Machine) -> None:
+    sid, view = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    machine.launcher.procs[view["sandboxId"]].popen.kill()
+    wait_for(lambda: not machine.pool.is_alive(view["sandboxId"]).get(timeout=T), T, "the sandbox dead")
+    refused = await machine.refused(sid, "begin_exec")
+    assert (refused.status_code, refused.message) == (
+        500, "the session's sandbox is not running; try again after the running turn")
+    assert await machine.ask(sid, "running_turn") == ticket.query_id
+
+
+async def test_network_comes_from_the_session_config_else_the_agent(machine: Machine) -> None:
+    plain, view = await machine.create()
+    configured, configured_view = await machine.create(config={"network": True})
+    helper = machine.agents["helper"]
+    machine.agents["helper"] = AgentView(helper.id, helper.name, 1, helper.path, None, {}, True)
+    networked, networked_view = await machine.create()
+    assert [machine.launcher.specs[v["sandboxId"]].network for v in (view, configured_view, networked_view)] == [
+        False, True, True]
+
+
+async def test_a_lost_sandbox_pause_records_why(machine: Machine) -> None:
+    sid, view = await machine.create()
+    await machine.ask(sid, "sandbox_lost", SandboxLost(sid, view["sandboxId"], LossReason.IDLE, "idle timeout"))
+    assert (await machine.lifecycle_events(sid))[-1] == {
+        "action": "paused", "status": "paused", "reason": LossReason.IDLE.value, "detail": "idle timeout"}
+    assert await machine.ask(sid, "workspace") is None
+    assert await machine.ask(sid, "retirable") is True
+
+    paused, paused_view = await machine.create()  # a paused session keeps its sandbox, until it is lost
+    await machine.ask(paused, "pause")
+    await machine.ask(paused, "sandbox_lost",
+                      SandboxLost(paused, paused_view["sandboxId"], LossReason.IDLE, "idle timeout"))
+    assert await machine.lifecycle(paused) == ["created", "paused"]  # already paused: nothing to record
+    assert await machine.ask(paused, "workspace") is None
+
+
+async def test_a_delete_before_a_purge_takes_no_snapshot(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, snapshots=True) as machine:
+        sid, _ = await machine.create()
+        assert (await machine.ask(sid, "delete", False))["status"] == "ended"
+        assert machine.snapshots.latest(sid).get(timeout=T) is None
+        other, _ = await machine.create()
+        assert (await machine.ask(other, "delete"))["status"] == "ended"
+        assert machine.snapshots.latest(other).get(timeout=T) is not None
+
+
+async def test_pauses_waiting_for_a_turn_get_the_error_of_the_pause_that_failed(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, runner_id="runner-1") as machine:
+        sid, _ = await machine.create()
+        ticket = await machine.ask(sid, "begin_turn", "hello", None)
+        pauses = [asyncio.ensure_future(machine.ask(sid, "pause")) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        assert not any(p.done() for p in pauses)
+        # meanwhile the session was resumed on runner-2 (this runner was thought dead)
+        await machine.sessions.transition(sid, TENANT, "active", "resumed", runner_id="runner-2", sandbox_id="sb-2")
+        await machine.ask(sid, "end_turn", ticket.query_id)
+        for pause in pauses:
+            with pytest.raises(ServiceError) as refused:
+                await pause
+            assert refused.value.status_code == 409
+        assert (await machine.row(sid)).status == "active"
+        assert await machine.lifecycle(sid) == ["created", "resumed"]
+
+
+# --- what goes with the sandbox: its logs and its model socket ------------------------------------
+
+async def _logs(machine: Machine, sid: str) -> list[tuple[str, str]]:
+    assert machine.logs is not None
+    return [(line["source"], line["text"]) for line in await machine.logs.list(TENANT, sid, 0, 100)]
+
+
+async def test_setup_output_is_stored_before_creation_answers_and_a_sandbox_last_lines_when_it_goes(
+        short_tmp: Path) -> None:
+    async with open_machine(short_tmp, logs=True) as machine:
+        (Path(machine.agents["helper"].path) / "setup.sh").write_text("echo setting-up\n")
+        stopped, view = await machine.create()
+        assert ("setup", "setting-up") in await _logs(machine, stopped)
+        # what the sandbox's processes print goes to its log file (the real launcher's stderr)
+        _sandbox_prints(machine, view["sandboxId"], "stopped-last-words")
+        await machine.ask(stopped, "stop_session")
+        assert ("sandbox", "stopped-last-words") in await _logs(machine, stopped)
+
+        lost, view = await machine.create()
+        _sandbox_prints(machine, view["sandboxId"], "why-it-died")
+        await machine.ask(lost, "sandbox_lost", SandboxLost(lost, view["sandboxId"], LossReason.EXITED, "killed"))
+        await asyncio.wait_for(_until(lambda: _logs(machine, lost), ("sandbox", "why-it-died")), T)
+
+
+def _sandbox_prints(machine: Machine, sandbox_id: str, line: str) -> None:
+    log_file = machine.launcher.paths_for(sandbox_id).logs / "sandbox.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("a") as f:
+        f.write(line + "\n")
+
+
+async def _until(read: Any, item: Any) -> None:
+    while item not in await read():
+        await asyncio.sleep(0.05)
+
+
+HAIKU = "claude-haiku-4-5"
+
+
+async def test_an_anthropic_credential_pays_for_the_session_model_calls(
+        short_tmp: Path, fake_model: FakeModel) -> None:  # noqa: F811
+    async with open_machine(short_tmp, model_url=fake_model.url) as machine:
+        proxy = machine.model_proxy
+        assert proxy is not None
+        credential = await machine.credentials.create(TENANT, "anthropic", "sk-ant-paying-789", None)
+        sid, view = await machine.create(credential_id=credential.id, model="claude-sonnet-4-5")
+        ticket = await machine.ask(sid, "begin_turn", "hello", None)
+        proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, None)  # as the turn driver does
+        socket_path = machine.launcher.paths_for(view["sandboxId"]).model_socket
+        async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(socket_path))) as client:
+            reply = await client.post("http://model/v1/messages", json={
+                "model": "claude-sonnet-4-5", "max_tokens": 100,
+                "messages": [{"role": "user", "content": "PAID-BY hi"}]})
+            assert reply.status_code == 200, reply.text
+            [request] = fake_model.requests_containing("PAID-BY")
+            assert request["headers"].get("x-api-key") == "sk-ant-paying-789"
+            refused = await client.post("http://model/v1/messages", json={
+                "model": HAIKU, "max_tokens": 100, "messages": [{"role": "user", "content": "NOT-YET hi"}]})
+            assert refused.status_code == 403, refused.text  # not one of the session's models
+            await machine.ask(sid, "end_turn", ticket.query_id)
+
+            # a subagent configured on the live session: its model may be called from the next turn on
+            await machine.ask(sid, "configure", {"subagents": {"reviewer": {"prompt": "r", "model": HAIKU}}})
+            ticket = await machine.ask(sid, "begin_turn", "again", None)
+            proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, None)
+            reply = await client.post("http://model/v1/messages", json={
+                "model": HAIKU, "max_tokens": 100, "messages": [{"role": "user", "content": "SUBAGENT hi"}]})
+            assert reply.status_code == 200, reply.text
+            assert len(fake_model.requests_containing("SUBAGENT")) == 1
+            await machine.ask(sid, "end_turn", ticket.query_id)
+        await machine.ask(sid, "stop_session")
+        assert not socket_path.exists()  # the model socket went with the sandbox
