@@ -19,8 +19,9 @@ command -v mount >/dev/null 2>&1 || need_apt+=(mount)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${need_apt[*]} (sandbox isolation and network)" >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    # Wait for another apt run (unattended upgrades, a second checkout) instead of failing on its lock.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${need_apt[@]}" >/dev/null
   else
     echo "warning: ${need_apt[*]} missing and cannot be installed here; sandboxes need them" >&2
   fi

@@ -16,7 +16,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
     exit 1
   fi
   echo "ensure_tools: installing ${missing[*]} (Debian packages, for the browser/terminal/proxy tests)" >&2
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Wait for another apt run (a second test run, unattended upgrades) instead of failing on its lock.
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
 fi
 for tool in "$@"; do command -v "$tool"; done
