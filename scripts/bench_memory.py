@@ -5,7 +5,7 @@
 
 Creates N sessions through the HTTP API (the bundled fake model answers at once), runs one turn in
 each, and keeps them all active. Then prints, over the sandboxes' process trees (the zygote's
-children: each sandbox's monitor and everything under it): PSS per sandbox (its fair share of the
+children: each sandbox's pid 1 and everything under it): PSS per sandbox (its fair share of the
 pages it shares with the zygote and the other sandboxes; p50/max), the zygote's own PSS, the server
 process's RSS, the host's used memory before and after, and what that makes per session and how
 many such sessions 24 GiB holds. `--n 1000` holds a thousand at once; creating stops early (and

@@ -1,8 +1,9 @@
 """One running sandbox: poll, wait, signal, the shutdown ladder, cleanup, memory figures.
 
-The pid we hold is the sandbox's host-side *monitor* (bwrap's outer process, or the zygote's
-monitor child). Below it (after a second, unprivileged bwrap on that route) runs the sandbox's
-pid 1 (a reaper); the payload runs below that. Signals go only to the payload: the processes of
+The pid we hold is the sandbox's host-side process: on the bwrap route its *monitor* (bwrap's
+outer process; below it, after a second, unprivileged bwrap, runs the sandbox's pid 1), on the
+zygote route the sandbox's pid 1 itself (a reaper, the zygote's child). The payload runs below
+that pid 1. Signals go only to the payload: the processes of
 the sandbox's pid namespace other than its pid 1, so a payload that ignores SIGTERM really
 survives SIGTERM (a monitor would otherwise die of it and take the payload along).
 """
@@ -27,7 +28,7 @@ from ashd.sandboxing._types import ExitInfo, ExitReason, SandboxLimits, SandboxP
 
 log = logging.getLogger(__name__)
 
-# How long a kill waits for the monitor, and cleanup for every killed process to be reaped.
+# How long a kill waits for the held process, and cleanup for every killed process to be reaped.
 CLEANUP_TIMEOUT = 10.0
 
 
@@ -97,7 +98,7 @@ class SandboxProcess:
         self.pid = child.pid
         self.paths = paths
         self.cgroup = cgroup
-        # Isolated: the pid is a monitor that reports a payload's death by signal N as 128+N.
+        # Isolated: the held pid reports a payload's death by signal N as 128+N, as bwrap does.
         self.isolated = isolated
         self._child = child
         self._oom_before = oom_kills_before
@@ -141,7 +142,7 @@ class SandboxProcess:
     # -- signals ---------------------------------------------------------------------------------
 
     def sandbox_pids(self) -> list[int]:
-        """Every process of the sandbox, monitor and reaper included."""
+        """Every process of the sandbox, the held one and the reaper included."""
         if self.cgroup is not None:
             return self.cgroup.pids()
         try:
@@ -171,14 +172,15 @@ class SandboxProcess:
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL the whole sandbox, monitor included.
+        """SIGKILL the whole sandbox, the held process included.
 
         The sandbox's pid 1 goes first, alone: the kernel kills the rest of its pid namespace,
-        that pid 1 reaps them, the monitor reaps the pid 1 and exits, so once the monitor has
-        exited the namespace is empty. Killing the monitor in the same sweep would orphan the
-        pid 1 to the host's init, which reaps it when it gets round to it (seconds on some hosts),
-        and the sandbox's processes would outlive its cleanup. Everything left (a sandbox with no
-        pid 1 yet, a monitor that does not exit) is then killed at once."""
+        that pid 1 reaps them, and its parent (bwrap's monitor, or the zygote) reaps it, so once
+        the held process's exit is seen the namespace is empty. Killing bwrap's monitor in the
+        same sweep would orphan the pid 1 to the host's init, which reaps it when it gets round to
+        it (seconds on some hosts), and the sandbox's processes would outlive its cleanup.
+        Everything left (a sandbox with no pid 1 yet, a monitor that does not exit) is then killed
+        at once."""
         if self._kill_namespace() and self._child.wait_status(CLEANUP_TIMEOUT) is not None:
             return
         if self.cgroup is not None:
@@ -190,7 +192,7 @@ class SandboxProcess:
             os.kill(self.pid, signal.SIGKILL)
 
     def _kill_namespace(self) -> bool:
-        """SIGKILL the sandbox's pid 1 while its monitor runs; False when there is none to kill."""
+        """SIGKILL the sandbox's pid 1 while the held process runs; False when there is none to kill."""
         if not self.isolated or self.cgroup is None or self.poll() is not None:
             return False
         killed = False
@@ -243,7 +245,7 @@ class SandboxProcess:
             self.kill()
             self._child.wait_status(CLEANUP_TIMEOUT)
         if self.cgroup is not None:
-            # Whatever escaped the monitor's reaping goes too, and is reaped, before the rmdir.
+            # Whatever escaped the pid 1's reaping goes too, and is reaped, before the rmdir.
             self.cgroup.kill_and_remove(CLEANUP_TIMEOUT, reap=self._child.poll_status)
         with contextlib.suppress(FileNotFoundError):
             for sock in self.paths.run.glob("*.sock"):

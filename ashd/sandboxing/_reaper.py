@@ -25,8 +25,8 @@ def reap_leftovers(data_dir: Path, tree: CgroupTree | None = None) -> int:
         for cg in leftovers:
             killed += len(cg.pids())
             cg.kill_all()
-        # Killed together, drained under one deadline: their monitors died with the old server,
-        # so the host's init reaps their pid-1s, and it may take its time.
+        # Killed together, drained under one deadline: their parents (bwrap's monitors, the zygote)
+        # died with the old server, so the host's init reaps their pid-1s, and it may take its time.
         deadline = time.monotonic() + REMOVE_TIMEOUT
         for cg in leftovers:
             cg.kill_and_remove(max(0.0, deadline - time.monotonic()))

@@ -76,12 +76,12 @@ class _Zygote:
     def spawn(self, req: dict[str, Any]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        pid = child.fork_into_new_pid_namespace()
         if pid == 0:
             try:
                 child.reset_after_fork(self.sock, [self.wake_r, self.wake_w])
                 child.redirect_stdio(req["log"])
-                child.monitor_main(req, self.pid, self.entry)
+                child.sandbox_main(req, self.pid, self.entry)
             finally:
                 os._exit(127)
         return pid

@@ -1,16 +1,17 @@
 """What a zygote's forked child does to become a sandbox equivalent to the bwrap route.
 
-    zygote ── fork ──► monitor (host pid we report): joins the cgroups, joins the sandbox's
-                         prepared network namespace if it has one, unshares the other namespaces
-                         (and a new, empty network namespace otherwise), forks, then mirrors its
-                         child's death (signal N -> exit 128+N, as bwrap)
-                 └──► init (pid 1): private mounts, tmpfs root, the same mount plan as bwrap,
-                         pivot_root, read-only /, forks, then drops to uid/gid 65534 with no
+    zygote ── clone(CLONE_NEWPID) ──► init (pid 1 of a new pid namespace; the host pid we report):
+                         joins the cgroups, joins the sandbox's prepared network namespace if it
+                         has one, unshares the other namespaces (and a new, empty network
+                         namespace otherwise), private mounts, tmpfs root, the same mount plan as
+                         bwrap, pivot_root, read-only /, forks, then drops to uid/gid 65534 with no
                          capabilities, no_new_privs, not dumpable, the seccomp filter, and reaps
                         └──► payload (pid 2): setsid, drops every capability, uid/gid 65534,
                                no_new_privs, clean env, cwd /workspace, the seccomp filter last,
                                runs the program
-Nothing in the sandbox's pid namespace stays root, as with bubblewrap's own init.
+Nothing in the sandbox's pid namespace stays root, as with bubblewrap's own init. The zygote is
+the init's parent and reaps it: there is no host-side monitor process between them, which is one
+forked interpreter (about 1.5 MiB of private pages) less per sandbox (docs/performance.md).
 Runs in a forked copy of a single-threaded zygote, so only async-signal-safe-ish work is done and
 every failure ends in os._exit.
 """
@@ -58,9 +59,12 @@ SECCOMP_MODE_FILTER = 2
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), 155)
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine(), 56)
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Called with the GIL held, as os.fork calls fork(): the child must not start without it.
+_libc_gil = ctypes.PyDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
@@ -171,14 +175,14 @@ def _pivot(newroot: str) -> None:
 
 
 def _exit_like(status: int) -> None:
-    """Die the way a monitor reports it: exit code, or 128+N for death by signal N (as bwrap)."""
+    """Die the way bwrap reports its payload's end: its exit code, or 128+N for death by signal N."""
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def _wait_for(pid: int) -> int:
-    """Reap everything (we are a pid 1 or a monitor) until `pid` itself has exited."""
+    """Reap everything (we are a pid 1) until `pid` itself has exited."""
     while True:
         try:
             done, status = os.waitpid(-1, 0)
@@ -214,7 +218,7 @@ def _drop_init_privileges() -> None:
     It stays not dumpable, so its /proc/1 stays root's and a payload of the same uid can neither
     read its memory nor (ptrace is also filtered) attach to it. Dumpable is inherited on fork,
     which is why this happens only after the payload was forked. The uid change clears the
-    parent-death signal, so it is armed again: init dies with the monitor.
+    parent-death signal, so it is armed again: init dies with the zygote.
     """
     _become_sandbox_user()
     _prctl(PR_SET_DUMPABLE, 0)
@@ -298,7 +302,6 @@ def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | No
 
 
 def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None) -> None:
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     _check(_libc.sethostname(HOSTNAME.encode(), len(HOSTNAME)), "sethostname")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _loopback_up()  # a new netns starts with `lo` down (bwrap brings it up too)
@@ -314,32 +317,53 @@ def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None)
     _exit_like(_wait_for(pid))
 
 
-def monitor_main(req: dict[str, Any], zygote_pid: int, entry: Callable[[list[str]], object] | None) -> None:
-    """Entry of the zygote's forked child; never returns."""
+def fork_into_new_pid_namespace() -> int:
+    """`os.fork()` whose child is the pid 1 of a new pid namespace; the child's host pid, or 0 in it.
+
+    `unshare(CLONE_NEWPID)` would need a process that unshares and then forks (what the monitor
+    did), because it applies to the caller's children only, and only once. `clone()` with the flag
+    makes that child directly. CPython's own fork hooks run around it as `os.fork()` runs them.
+    """
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = _libc_gil.syscall(ctypes.c_long(SYS_CLONE), ctypes.c_ulong(CLONE_NEWPID | signal.SIGCHLD),
+                            ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    return int(pid)
+
+
+def _host_parent_pid() -> int:
+    """Our parent's pid as the host sees it. `os.getppid()` is 0 in a new pid namespace, but /proc
+    is still the host's until the mount plan replaces it."""
+    with open("/proc/self/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def sandbox_main(req: dict[str, Any], zygote_pid: int, entry: Callable[[list[str]], object] | None) -> None:
+    """Entry of the zygote's child (pid 1 of its new pid namespace); never returns."""
     try:
         os.setsid()
         for path in req["cgroup_procs"]:
             with open(path, "w") as f:
-                f.write(str(os.getpid()))
+                f.write("0")  # "the writer", on v1 and v2: our own pid here is 1
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != zygote_pid:
-            os._exit(1)
-        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        if _host_parent_pid() != zygote_pid:
+            os._exit(1)  # the zygote died before the death signal was armed
+        flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
         # Never the host's network: the prepared namespace of a networked sandbox, or a new one.
         if req.get("netns"):
             _join_netns(req["netns"])
         else:
             flags |= CLONE_NEWNET
         _unshare(flags)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _init_main(req, entry)
-            except BaseException:  # noqa: BLE001  (never return into the zygote)
-                traceback.print_exc()
-                sys.stderr.flush()
-            os._exit(127)
-        _exit_like(_wait_for(pid))
+        _init_main(req, entry)
     except BaseException:  # noqa: BLE001  (never return into the zygote)
         traceback.print_exc()
         sys.stderr.flush()
