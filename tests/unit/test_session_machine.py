@@ -30,10 +30,11 @@ from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps
 from ashd.actors._session_logs import LogTails
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.actors._warmer import Warmer
 from ashd.devtools.fake_model import FakeModel
 from ashd.errors import NotFound, ServiceError
 from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.sandboxing._types import SandboxSpec
+from ashd.sandboxing._types import SandboxPaths, SandboxSpec
 from ashd.storage import Database
 from ashd.storage._agents import AgentView
 from ashd.storage._credentials import Credentials
@@ -86,6 +87,18 @@ class StallingSessions(Sessions):
         return await super().all_message_contents(session_id)
 
 
+class RecordingWarmer(Warmer):
+    """The server's Warmer, noting which spares the pool asked it to prepare."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.prepared: list[str] = []
+
+    def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
+        self.prepared.append(sandbox_id)
+        super().prepare(sandbox_id, paths)
+
+
 @dataclass
 class Machine:
     """SessionDeps over real storage and a real pool; `actor(sid)` starts a SessionActor."""
@@ -95,6 +108,7 @@ class Machine:
     launcher: PlainLauncher
     agents: dict[str, AgentView]
     credentials: Credentials
+    warmer: RecordingWarmer
     deps: SessionDeps | None = None
     snapshots: Any = None  # SnapshotProxy, or None: no snapshots
     model_proxy: ModelProxy | None = None
@@ -167,11 +181,12 @@ class Machine:
 @contextlib.asynccontextmanager
 async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None, snapshots: bool = False,
                        runner_id: str | None = None, model_url: str | None = None,
-                       logs: bool = False) -> AsyncIterator[Machine]:
+                       logs: bool = False, prewarm: int = 0, setup_timeout: float = T) -> AsyncIterator[Machine]:
     """The Machine over fresh storage and a fresh pool. `snapshots`: a real SnapshotActor in the
     data dir (`snapshot_max_bytes` its limit); `runner_id`: the actors run as that runner's;
     `model_url`: a real ModelProxy in front of that model; `logs`: the sessions' logs kept (LogTails,
-    no sweep: a sandbox's lines are stored when it goes)."""
+    no sweep: a sandbox's lines are stored when it goes); `prewarm`: that many spares kept warm, their
+    bridge connections made ahead by the server's Warmer (present either way, as in the server)."""
     db = await Database.open(f"sqlite+aiosqlite:///{short_tmp / 'ashd.db'}")
     launcher = PlainLauncher(short_tmp / "sb", bridge=True)
     agent_dir = short_tmp / "agent"
@@ -192,13 +207,15 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
         return SandboxSpec(sandbox_id, launcher.paths_for(sandbox_id), network=network)
 
     lost: list[SandboxLost] = []
-    pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=0, idle_timeout=3600.0, shutdown_grace=1.0),
-                               launcher, spec_for, None, lost.append)
+    model_proxy = ModelProxy(model_url) if model_url is not None else None
+    warmer = RecordingWarmer(asyncio.get_running_loop(), model_proxy, T)
+    pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=prewarm, idle_timeout=3600.0, shutdown_grace=1.0),
+                               launcher, spec_for, None, lost.append, warmer)
     snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes)
                     if snapshots or snapshot_max_bytes is not None else None)
-    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher),
+    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher), warmer,
                 snapshots=snapshot_proxy(snapshot_ref) if snapshot_ref is not None else None,
-                model_proxy=ModelProxy(model_url) if model_url is not None else None,
+                model_proxy=model_proxy,
                 logs=SessionLogs(db) if logs else None)
     tails = LogTails(m.logs, interval=3600) if m.logs is not None else None
 
@@ -219,9 +236,9 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
         loop=asyncio.get_running_loop(), sessions=m.sessions, pool=m.pool, snapshots=m.snapshots, model_proxy=m.model_proxy,
         resolve_agent=resolve_agent, resolve_credential=m.credentials.use,
         decrypt_env=decrypt_env, count_resume=lambda path, sid, _agent: m.resumes.append((path, sid)),
-        record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=T, shutdown_grace=1.0,
+        record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=setup_timeout, shutdown_grace=1.0,
         network_default=False, sandbox_owner=lambda _sid: None, runner_id=runner_id, on_status=on_status,
-        session_logs=tails)
+        session_logs=tails, warmer=warmer)
     try:
         yield m
     finally:
@@ -229,6 +246,7 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
             if ref.is_alive():
                 ref.stop(block=False)
         await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=60))
+        await warmer.close()
         if snapshot_ref is not None:
             await asyncio.to_thread(lambda: snapshot_ref.stop(block=True, timeout=60))
         if m.model_proxy is not None:
@@ -367,6 +385,52 @@ async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
     [row] = await machine.sessions.list(TENANT, "gone")
     assert (row.status, row.error) == ("error", failed.value.message)
     wait_for(lambda: machine.counts() == {}, T, "the failed session's sandbox released")
+
+
+async def test_a_session_on_a_warm_spare_uses_the_connection_made_ahead(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, prewarm=1) as m:
+        await until(lambda: m.warmer.prepared != [], "the spare prepared")
+        sid, view = await m.create()
+        assert (view["status"], view["sandboxId"]) == ("active", m.warmer.prepared[0])
+        assert await m.run(sid, "echo", "on the spare") == "on the spare\n"
+
+
+async def test_a_failed_start_on_a_warm_spare_lets_its_prepared_connection_go(short_tmp: Path) -> None:
+    """A preparation nobody took is closed: a start that fails before its bridge's init (here the
+    agent folder) would otherwise leave the spare's connection open for good."""
+    async with open_machine(short_tmp, prewarm=1) as m:
+        (short_tmp / "agent-gone").mkdir()
+        m.agents["gone"] = AgentView("a2", "gone", 1, str(short_tmp / "agent-gone"), None, {}, False)
+        await until(lambda: m.warmer.prepared != [], "the spare prepared")
+        spare = m.warmer.prepared[0]
+        with pytest.raises(ServiceError) as failed:  # no AGENT.md: the copy into the workspace refuses
+            await m.create("gone")
+        assert failed.value.status_code == 500
+        # The discard was told to the loop before the failure was answered.
+        assert m.warmer.take(spare) is None
+
+
+async def test_a_setup_that_runs_past_the_setup_timeout_is_cut_off_with_the_setup_error(short_tmp: Path) -> None:
+    """SERVICE_SETUP_TIMEOUT_SECONDS is setup.sh's: the bridge kills it then and the creation fails
+    saying so. The session waits longer than that for the init (`SessionDeps.init_timeout`), so
+    that the answer is the setup's error, not a timeout of its own."""
+    async with open_machine(short_tmp, setup_timeout=3) as m:
+        (Path(m.agents["helper"].path) / "setup.sh").write_text("echo installing; sleep 60\n")
+        with pytest.raises(ServiceError) as failed:
+            await m.create()
+        assert "setup.sh timed out after 3s" in failed.value.message
+        [row] = await m.sessions.list(TENANT, "helper")
+        assert (row.status, row.error) == ("error", failed.value.message)
+
+
+async def until(condition: Any, what: str) -> None:
+    """Wait for a condition that work on this loop makes true (wait_for would block the loop)."""
+    try:
+        async with asyncio.timeout(T):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine: Machine) -> None:
