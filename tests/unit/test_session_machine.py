@@ -1032,3 +1032,53 @@ async def test_an_anthropic_credential_pays_for_the_session_model_calls(
             await machine.ask(sid, "end_turn", ticket.query_id)
         await machine.ask(sid, "stop_session")
         assert not socket_path.exists()  # the model socket went with the sandbox
+
+
+async def test_a_pause_interrupts_the_running_turn_and_is_answered_once_it_is_stored(
+        short_tmp: Path, fake_model: FakeModel) -> None:  # noqa: F811
+    # The model's answer takes T: the turn ends before it only if the pause interrupted it. (The proxy
+    # waits for that answer when its sandbox goes, so more would only make the test slower.)
+    fake_model.script("SLOW-TURN", [{"content": [{"type": "text", "text": "too late"}], "wait": T}])
+    async with open_machine(short_tmp, model_url=fake_model.url) as machine:
+        proxy = machine.model_proxy
+        assert proxy is not None
+        sid, _ = await machine.create(model="claude-sonnet-4-5")
+        ticket = await machine.ask(sid, "begin_turn", "SLOW-TURN", None)
+        proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, None)  # as the turn driver does
+        proxy.set_key_provider(ticket.sandbox_id, lambda: "sk-test")  # no credential, no server key
+        frames: list[dict[str, Any]] = []
+
+        async def drive() -> None:  # the stream handler's part: the query, then end_turn
+            async for frame in ticket.connection.query("SLOW-TURN hi", model=ticket.model, query_id=ticket.query_id):
+                frames.append(frame)
+
+        turn = asyncio.ensure_future(drive())
+        await until(lambda: bool(fake_model.requests_containing("SLOW-TURN")) or turn.done(), "the turn's model call")
+        first = asyncio.ensure_future(machine.ask(sid, "pause"))
+        async with asyncio.timeout(2 * T):
+            await turn
+        assert any("session paused" in str(frame.get("error")) for frame in frames), frames
+        second = asyncio.ensure_future(machine.ask(sid, "pause"))  # asked while the turn is being stored
+        await asyncio.sleep(0.2)
+        assert not first.done() and not second.done()
+        await machine.ask(sid, "end_turn", ticket.query_id)
+        assert [(await first)["status"], (await second)["status"]] == ["paused", "paused"]
+
+
+async def test_a_session_without_a_model_of_its_own_calls_its_agents(
+        short_tmp: Path, fake_model: FakeModel) -> None:  # noqa: F811
+    fake_model.script("AGENT-MODEL", [{"content": [{"type": "text", "text": "answered"}]}])
+    async with open_machine(short_tmp, model_url=fake_model.url) as machine:
+        proxy = machine.model_proxy
+        assert proxy is not None
+        helper = machine.agents["helper"]
+        machine.agents["helper"] = AgentView(helper.id, helper.name, helper.version, helper.path, HAIKU, {}, False)
+        sid, _ = await machine.create()
+        ticket = await machine.ask(sid, "begin_turn", "AGENT-MODEL", None)
+        assert ticket.model is None  # the turn names none: the bridge's, from its init, is used
+        proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, None)
+        proxy.set_key_provider(ticket.sandbox_id, lambda: "sk-test")
+        frames = [frame async for frame in ticket.connection.query("AGENT-MODEL hi", query_id=ticket.query_id)]
+        await machine.ask(sid, "end_turn", ticket.query_id)
+        [request] = fake_model.requests_containing("AGENT-MODEL")
+        assert request["body"]["model"] == HAIKU, frames
