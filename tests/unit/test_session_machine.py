@@ -34,7 +34,7 @@ from ashd.actors._warmer import Warmer
 from ashd.devtools.fake_model import FakeModel
 from ashd.errors import NotFound, ServiceError
 from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.sandboxing._types import SandboxPaths, SandboxSpec
+from ashd.sandboxing._types import SandboxLimits, SandboxPaths, SandboxSpec
 from ashd.storage import Database
 from ashd.storage._agents import AgentView
 from ashd.storage._credentials import Credentials
@@ -181,14 +181,16 @@ class Machine:
 @contextlib.asynccontextmanager
 async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None, snapshots: bool = False,
                        runner_id: str | None = None, model_url: str | None = None,
-                       logs: bool = False, prewarm: int = 0, setup_timeout: float = T) -> AsyncIterator[Machine]:
+                       logs: bool = False, prewarm: int = 0, setup_timeout: float = T,
+                       disk_quota: bool = False) -> AsyncIterator[Machine]:
     """The Machine over fresh storage and a fresh pool. `snapshots`: a real SnapshotActor in the
     data dir (`snapshot_max_bytes` its limit); `runner_id`: the actors run as that runner's;
     `model_url`: a real ModelProxy in front of that model; `logs`: the sessions' logs kept (LogTails,
     no sweep: a sandbox's lines are stored when it goes); `prewarm`: that many spares kept warm, their
-    bridge connections made ahead by the server's Warmer (present either way, as in the server)."""
+    bridge connections made ahead by the server's Warmer (present either way, as in the server);
+    `disk_quota`: sandboxes get the disk size they ask for (else any serves any, as without images)."""
     db = await Database.open(f"sqlite+aiosqlite:///{short_tmp / 'ashd.db'}")
-    launcher = PlainLauncher(short_tmp / "sb", bridge=True)
+    launcher = PlainLauncher(short_tmp / "sb", bridge=True, disk_quota=disk_quota)
     agent_dir = short_tmp / "agent"
     agent_dir.mkdir()
     (agent_dir / "AGENT.md").write_text("You are helpful.\n")
@@ -1082,3 +1084,13 @@ async def test_a_session_without_a_model_of_its_own_calls_its_agents(
         await machine.ask(sid, "end_turn", ticket.query_id)
         [request] = fake_model.requests_containing("AGENT-MODEL")
         assert request["body"]["model"] == HAIKU, frames
+
+
+async def test_the_sandbox_disk_is_the_sessions_disk_mb_else_the_agents(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, disk_quota=True) as machine:
+        helper = machine.agents["helper"]
+        machine.agents["big"] = AgentView("a3", "big", 1, helper.path, None, {}, False, disk_mb=32)
+        views = [(await machine.create("big", config={"diskMb": 64}))[1], (await machine.create("big"))[1],
+                 (await machine.create())[1]]
+        sizes = [machine.launcher.specs[view["sandboxId"]].limits.disk_bytes for view in views]
+        assert sizes == [64 * 1024 * 1024, 32 * 1024 * 1024, SandboxLimits().disk_bytes]
