@@ -794,6 +794,17 @@ async def test_a_session_whose_credential_is_gone_fails_to_start_with_404(machin
     assert machine.counts() == {}
 
 
+async def test_a_cold_resume_whose_credential_is_gone_answers_404(machine: Machine) -> None:
+    credential = await machine.credentials.create(TENANT, "openai", "sk-openai-123", None)
+    sid, _ = await machine.create(credential_id=credential.id)
+    await machine.ask(sid, "stop_session")
+    await machine.credentials.delete(TENANT, credential.id)
+    refused = await machine.refused(sid, "resume")
+    assert (refused.status_code, refused.message) == (404, f"Credential {credential.id} not found")
+    assert (await machine.row(sid)).status == "stopped"
+    assert machine.counts() == {}  # the sandbox claimed for it went again
+
+
 # --- status listener (webhooks' session.status_changed) -------------------------------------------
 
 async def test_each_status_change_is_told_once_and_stands_when_its_listener_fails(machine: Machine) -> None:
