@@ -364,6 +364,18 @@ async def test_resume_from_error_clears_the_error(machine: Machine) -> None:
     assert (row.status, row.error) == ("active", None)
 
 
+async def test_a_cold_resume_failure_of_any_kind_is_a_500_that_points_at_the_log(machine: Machine) -> None:
+    sid = new_id()  # its environment encrypted under another key: the cipher's own exception
+    foreign = Cipher(bytes(32)).encrypt_json({"TOKEN": "x"}, sid.encode())
+    await machine.sessions.insert(Session(id=sid, tenant_id=TENANT, agent_name="helper", status="stopped", model=None,
+                                          config="{}", env_ciphertext=foreign))
+    refused = await machine.refused(sid, "resume")
+    assert refused.status_code == 500
+    assert refused.message.startswith("A new sandbox could not be created for cold resume (")
+    assert refused.message.endswith("the details are in the server log")
+    assert (await machine.row(sid)).status == "stopped"
+
+
 async def test_a_creation_failure_of_any_kind_leaves_the_session_in_error(machine: Machine) -> None:
     # The session's environment was encrypted under another key (the server's key was replaced):
     # decrypting it fails with the cipher's own exception, not a ServiceError.
