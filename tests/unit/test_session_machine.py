@@ -465,6 +465,21 @@ async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine
     assert (await machine.row(sid)).status == "paused"
 
 
+async def test_a_pause_waiting_for_the_turn_is_refused_once_a_stop_came_first(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    pausing = asyncio.ensure_future(machine.ask(sid, "pause"))
+    await asyncio.sleep(0.2)
+    assert (await machine.ask(sid, "stop_session"))["status"] == "stopped"
+    assert not pausing.done()  # it waits for the turn's end, as before
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    with pytest.raises(ServiceError) as refused:
+        async with asyncio.timeout(T):
+            await pausing
+    assert (refused.value.status_code, refused.value.message) == (
+        400, "Session is stopped; only an active session can be paused")
+
+
 async def test_a_lost_sandbox_pauses_an_idle_session_and_not_a_turn(machine: Machine) -> None:
     idle, view = await machine.create()
     busy, busy_view = await machine.create()
