@@ -87,6 +87,23 @@ class StallingSessions(Sessions):
         return await super().all_message_contents(session_id)
 
 
+class StallingLogs(SessionLogs):
+    """Real log storage whose writes can be held at a gate: a log store that stalls."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.gate: asyncio.Event | None = None
+
+    def stall(self) -> asyncio.Event:
+        self.gate = asyncio.Event()
+        return self.gate
+
+    async def add(self, *args: Any, **kwargs: Any) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().add(*args, **kwargs)
+
+
 class RecordingWarmer(Warmer):
     """The server's Warmer, noting which spares the pool asked it to prepare."""
 
@@ -112,7 +129,7 @@ class Machine:
     deps: SessionDeps | None = None
     snapshots: Any = None  # SnapshotProxy, or None: no snapshots
     model_proxy: ModelProxy | None = None
-    logs: SessionLogs | None = None  # where LogTails stores the sessions' logs
+    logs: StallingLogs | None = None  # where LogTails stores the sessions' logs
     actors: dict[str, Any] = field(default_factory=dict)
     resumes: list[tuple[str, str]] = field(default_factory=list)
     # on_status calls: (tenant, session id, agent, from, to, action, extra)
@@ -218,7 +235,7 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
     m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher), warmer,
                 snapshots=snapshot_proxy(snapshot_ref) if snapshot_ref is not None else None,
                 model_proxy=model_proxy,
-                logs=SessionLogs(db) if logs else None)
+                logs=StallingLogs(db) if logs else None)
     tails = LogTails(m.logs, interval=3600) if m.logs is not None else None
 
     async def resolve_agent(_tenant: str, name: str) -> AgentView:
@@ -1002,9 +1019,25 @@ async def test_pauses_waiting_for_a_turn_get_the_error_of_the_pause_that_failed(
 
 # --- what goes with the sandbox: its logs and its model socket ------------------------------------
 
+async def test_a_delete_answers_before_its_sandbox_is_let_go(short_tmp: Path) -> None:
+    """DELETE answers once the status is stored; the sandbox goes after, its last lines stored a
+    moment later (a stop waits for them: see the test above)."""
+    async with open_machine(short_tmp, logs=True) as machine:
+        assert machine.logs is not None
+        sid, view = await machine.create()
+        _sandbox_prints(machine, view["sandboxId"], "deleted-last-words")
+        gate = machine.logs.stall()
+        # Letting the sandbox go waits at the gate for up to ask_timeout (T): the answer does not.
+        async with asyncio.timeout(T / 2):
+            assert (await machine.ask(sid, "delete"))["status"] == "ended"
+        assert await _logs(machine, sid) == []
+        gate.set()
+        await asyncio.wait_for(_until(lambda: _logs(machine, sid), ("sandbox", "deleted-last-words")), T)
+
+
 async def _logs(machine: Machine, sid: str) -> list[tuple[str, str]]:
-    assert machine.logs is not None
-    return [(line["source"], line["text"]) for line in await machine.logs.list(TENANT, sid, 0, 100)]
+    assert machine.logs is not None  # from the first line on (index 0), as the API's default `after=-1`
+    return [(line["source"], line["text"]) for line in await machine.logs.list(TENANT, sid, -1, 100)]
 
 
 async def test_setup_output_is_stored_before_creation_answers_and_a_sandbox_last_lines_when_it_goes(
