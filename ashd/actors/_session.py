@@ -57,7 +57,7 @@ class SessionActor(StagedActor):
         self.session_id = session_id
         self.tenant = tenant
         self.row: Session | None = None
-        self._turn_since_row = False  # a turn ended since `row` was read or stored (see `_fresh_row`)
+        self._turn_since_row = False  # a turn ended since `row` was read (see `_fresh_row`)
         self.handle: SandboxHandle | None = None
         self.conn: Any = None
         self.turn: TurnTicket | None = None
@@ -67,7 +67,6 @@ class SessionActor(StagedActor):
         # Config changes (PATCH .../config) the live bridge has not been sent yet: they go with the next
         # query. A bridge started later gets the stored config in its init instead.
         self._live_changes: dict[str, Any] | None = None
-        self._restored = False  # the last sandbox start restored the workspace from a snapshot
 
     # --- reads ---------------------------------------------------------------------------------
     @staged
@@ -141,14 +140,14 @@ class SessionActor(StagedActor):
         # that is still active keeps working without it (DELETE removes the registration only).
         # A warm resume needs nothing of it but its existence, checked in the transition's own
         # transaction below; a cold one needs its folder, env and limits to start a sandbox.
-        path = "cold"
+        path, restored = "cold", False
         if self.handle is not None and self.conn is not None and self._pool_alive(self.handle):
             path = "warm"
         else:
             agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
             yield from self._drop_sandbox()
             try:
-                yield from self._start_sandbox(resume_history=True, restore=True, agent=agent)
+                restored = yield from self._start_sandbox(resume_history=True, restore=True, agent=agent)
             except ServiceError:
                 raise
             except Exception as exc:
@@ -160,7 +159,7 @@ class SessionActor(StagedActor):
         if path == "cold":
             # False: a fresh agent folder (no snapshot here, e.g. another runner's session without
             # SERVICE_SNAPSHOT_URL); the conversation is kept either way.
-            extra["workspaceRestored"] = self._restored
+            extra["workspaceRestored"] = restored
         owner = {"runner_id": self.deps.runner_id} if self.deps.runner_id is not None else {}
         self.row = yield from self._transition("active", "resumed", extra=extra,
                                                sandbox_id=self.handle.sandbox_id if self.handle else "", error=None,
@@ -169,12 +168,13 @@ class SessionActor(StagedActor):
         self.deps.count_resume(path, self.session_id, row.agent_name)
         view = session_json(self.row)
         if path == "cold":
-            view["workspaceRestored"] = self._restored
+            view["workspaceRestored"] = restored
         return view
 
-    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None) -> Stage[None]:
+    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None) -> Stage[bool]:
         """Claim a sandbox, prepare its workspace and configure its bridge; the session holds it
-        (`handle`, `conn`) only once it is ready, and a failure releases it."""
+        (`handle`, `conn`) only once it is ready, and a failure releases it. True when the workspace
+        was restored from a snapshot."""
         row = yield from self._row()
         deps = self.deps
         config = _config(row)
@@ -207,10 +207,10 @@ class SessionActor(StagedActor):
                 binding = ModelBinding(self.session_id, self.tenant, row.agent_name,
                                        session_models(row.model, agent.model, agent.path, config),
                                        key=_constant(api_key))
-            restored = self._restored = False
+            restored = False
             try:
                 if restore and deps.snapshots is not None:
-                    restored = self._restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
+                    restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)
                                                      .get(timeout=deps.ask_timeout))
                 prepare_workspace(None if restored else Path(agent.path), handle.paths.workspace,
                                   None if restored else config.get("systemPrompt"),
@@ -246,7 +246,7 @@ class SessionActor(StagedActor):
                 "engine": deps.engine,
             }
             conn = yield OnLoop(self._connect_and_init(handle, init, binding),
-                                timeout=deps.ask_timeout + 2 * deps.setup_timeout)
+                                timeout=deps.ask_timeout + deps.init_timeout)
         except Exception:
             yield from self._release(handle, None)
             raise
@@ -255,6 +255,7 @@ class SessionActor(StagedActor):
             raise
         self.handle, self.conn = handle, conn
         deps.pool.mark_ready(handle.sandbox_id)
+        return restored
 
     async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
         """One trip to the loop: the sandbox's log, the model proxy binding and socket, the bridge
@@ -282,7 +283,7 @@ class SessionActor(StagedActor):
             sink = self.deps.session_logs.setup_sink(self.session_id, self.tenant, self.deps.setup_log_lines)
             conn.set_log_handler(sink)
         try:
-            await conn.init(init, timeout=2 * self.deps.setup_timeout)
+            await conn.init(init, timeout=self.deps.init_timeout)
         except BaseException:
             await conn.close()
             raise
@@ -296,9 +297,7 @@ class SessionActor(StagedActor):
     def pause(self) -> Stage[dict[str, Any] | Later[dict[str, Any]]]:
         """Pause now, or, while a turn runs, interrupt it and answer once the turn is stored and the
         session paused (an `active` session pauses, decisions.md): `end_turn` gives that answer."""
-        row = yield from self._row()
-        if row.status != "active":
-            raise BadRequest(f"Session is {row.status}; only an active session can be paused")
+        yield from self._pausable_row()
         if self.turn is not None:
             waiter: Later[dict[str, Any]] = Later()
             self._pause_waiters.append(waiter)
@@ -308,10 +307,15 @@ class SessionActor(StagedActor):
             return waiter
         return (yield from self._pause_now())
 
-    def _pause_now(self) -> Stage[dict[str, Any]]:
+    def _pausable_row(self) -> Stage[Session]:
         row = yield from self._row()
         if row.status != "active":
             raise BadRequest(f"Session is {row.status}; only an active session can be paused")
+        return row
+
+    def _pause_now(self) -> Stage[dict[str, Any]]:
+        """Checked again: a stop may have come between a pause asked for during a turn and the turn's end."""
+        yield from self._pausable_row()
         self.row = yield from self._transition("paused", "paused")
         if self.handle is not None and self.deps.snapshots is not None:
             # Off the request path, and only once the status is stored: the snapshot actor's tar work
@@ -539,7 +543,6 @@ class SessionActor(StagedActor):
             self.row = None  # the next request reads the row as it is
             yield from self._drop_sandbox()
             raise
-        self._turn_since_row = False  # the transition returned the row as stored now
         if self.deps.on_status is not None and before != status:
             try:  # a status change stands whatever its listener does
                 self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})
@@ -611,7 +614,7 @@ class SessionActor(StagedActor):
         if conn is not None or handle is not None:
             # One stage on the loop for the three steps (each was a trip there and back of its own).
             try:
-                yield OnLoop(self._let_go(handle, conn), timeout=self.deps.shutdown_grace + 1 + self.deps.ask_timeout)
+                yield OnLoop(self._let_go(handle, conn), timeout=self.deps.shutdown_grace + self.deps.ask_timeout)
             except Exception:
                 log.warning("letting a sandbox go timed out", exc_info=True, extra={"sessionId": self.session_id})
         if handle is not None:
@@ -622,7 +625,9 @@ class SessionActor(StagedActor):
         model proxy. Each step is best effort; the pool's release that follows stops the sandbox."""
         if conn is not None:
             try:
-                await asyncio.wait_for(conn.shutdown(), self.deps.shutdown_grace + 1)
+                # One frame to send: a bridge that does not take it within the grace is stopped by the
+                # pool's ladder that follows anyway.
+                await asyncio.wait_for(conn.shutdown(), self.deps.shutdown_grace)
             except Exception:  # noqa: BLE001 - the ladder's signals follow anyway
                 log.debug("bridge shutdown request failed", extra={"sessionId": self.session_id})
         if handle is None:

@@ -44,6 +44,13 @@ class SessionDeps:
     # (tenant, session id, agent name, from, to, action, extra). The webhooks' session.status_changed.
     on_status: Callable[[str, str, str, str | None, str, str, dict[str, Any]], None] | None = None
 
+    @property
+    def init_timeout(self) -> float:
+        """How long a bridge's init may take: its setup.sh (cut off by the bridge itself after
+        `setup_timeout`, with the setup error) and then the engine's start, given as long again.
+        A request that starts a sandbox waits for this on top of its own `ask_timeout`."""
+        return 2 * self.setup_timeout
+
 
 @dataclass(frozen=True)
 class CreateRequest:

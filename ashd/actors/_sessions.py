@@ -96,7 +96,7 @@ class SessionRegistry:
             raise
         # Creation may install packages and run setup.sh: its budget includes the setup timeout.
         return await self._changed(req.session_id, self._proxy(req.session_id, ref).create(req, row),
-                                   self.timeout + 2 * self.deps.setup_timeout + 10)
+                                   self.timeout + self.deps.init_timeout + 10)
 
     async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> dict[str, Any]:
         """A new session from `parent_id`: its workspace (live, else its latest snapshot) and its
@@ -128,7 +128,7 @@ class SessionRegistry:
             self._tenants[child_id] = tenant
         self._remember(parent_id, None)
         return await self._changed(child_id, self._proxy(child_id, ref).start_fork(row),
-                                   self.timeout + 2 * self.deps.setup_timeout + 10)
+                                   self.timeout + self.deps.init_timeout + 10)
 
     def _remember(self, session_id: str, view: dict[str, Any] | None, epoch: int | None = None) -> None:
         if epoch is not None and self._epochs.get(session_id, 0) != epoch:
@@ -168,7 +168,7 @@ class SessionRegistry:
 
     async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
-        return await self._changed(session_id, proxy.resume(), self.timeout + 2 * self.deps.setup_timeout + 10)
+        return await self._changed(session_id, proxy.resume(), self.timeout + self.deps.init_timeout + 10)
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
@@ -225,7 +225,7 @@ class SessionRegistry:
                          attachments: Sequence[dict[str, Any]] = ()) -> TurnTicket:
         proxy = await self._actor(tenant, session_id)
         self._remember(session_id, None)  # lastActiveAt moves with the user message
-        return await call(proxy.begin_turn(content, model, attachments), self.timeout + 2 * self.deps.setup_timeout)
+        return await call(proxy.begin_turn(content, model, attachments), self.timeout + self.deps.init_timeout)
 
     def end_turn(self, ticket: TurnTicket) -> None:
         self._remember(ticket.session_id, None)
@@ -237,7 +237,7 @@ class SessionRegistry:
         """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,
         same output caps. Returns the bridge's `{exitCode, stdout, stderr[, timedOut]}`."""
         proxy = await self._actor(tenant, session_id)
-        conn = await call(proxy.begin_exec(), self.timeout + 2 * self.deps.setup_timeout)
+        conn = await call(proxy.begin_exec(), self.timeout + self.deps.init_timeout)
         try:
             frame = await conn.exec(argv, timeout=timeout_s)  # SandboxError if the sandbox goes away
         finally:
@@ -250,7 +250,7 @@ class SessionRegistry:
         (`what` it does names it in errors). The sandbox is held as for exec, so it is not evicted or
         swept meanwhile; `owner` is the sandbox user, for what `fn` creates."""
         proxy = await self._actor(tenant, session_id)
-        await call(proxy.begin_exec(what), self.timeout + 2 * self.deps.setup_timeout)
+        await call(proxy.begin_exec(what), self.timeout + self.deps.init_timeout)
         try:
             workspace = await call(proxy.workspace(), self.timeout)
             if workspace is None:

@@ -5,6 +5,7 @@ through a real server and database are in tests/e2e/test_model_traffic.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -90,6 +91,31 @@ async def start(fake_model: FakeModel, policy: ModelPolicy, *, bind: bool = True
         proxy.begin_turn("sb1", "q-1", None, budget)
     client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
     return Harness(proxy, client, stored, spend), run
+
+
+@contextlib.asynccontextmanager
+async def bound_to(upstream: str, *, budget: float | None = None, client_timeout: float = 5.0,
+                   **proxy_kw: Any) -> AsyncIterator[tuple[ModelProxy, httpx2.AsyncClient, list[ModelCallRecord]]]:
+    """A proxy of its own in front of `upstream` (an API that fails, each its own way): sb1 bound
+    to session s1, turn q-1 begun; with a client on its socket and the records it stores."""
+    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
+    stored: list[ModelCallRecord] = []
+
+    async def store(records: Sequence[ModelCallRecord]) -> None:
+        stored.extend(records)
+
+    proxy = ModelProxy(upstream, policy=ModelPolicy(prices=PRICES), store=store, **proxy_kw)
+    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")),
+                                timeout=client_timeout)
+    try:
+        await proxy.start_for("sb1", run / "model.sock")
+        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
+        proxy.begin_turn("sb1", "q-1", None, budget)
+        yield proxy, client, stored
+    finally:
+        await client.aclose()
+        await proxy.close()
+        shutil.rmtree(run, ignore_errors=True)
 
 
 @pytest.fixture
@@ -473,19 +499,8 @@ async def test_an_unreachable_api_is_a_recorded_502(fake_model: FakeModel) -> No
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
-    stored: list[ModelCallRecord] = []
-
-    async def store(records: Sequence[ModelCallRecord]) -> None:
-        stored.extend(records)
-
     metrics = Metrics()
-    proxy = ModelProxy(f"http://127.0.0.1:{port}", policy=ModelPolicy(prices=PRICES), store=store, metrics=metrics)
-    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
-    try:
-        await proxy.start_for("sb1", run / "model.sock")
-        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
-        proxy.begin_turn("sb1", "q-1", None, 1.0)
+    async with bound_to(f"http://127.0.0.1:{port}", budget=1.0, metrics=metrics) as (proxy, client, stored):
         resp = await client.post("http://model-proxy/v1/messages", json=body("DOWN-1"))
         assert resp.status_code == 502
         assert resp.json()["error"]["type"] == "api_error"
@@ -500,10 +515,6 @@ async def test_an_unreachable_api_is_a_recorded_502(fake_model: FakeModel) -> No
         assert float(seconds) == pytest.approx(rec.latency_ms / 1000, rel=1e-6)
         summary = proxy.end_turn("sb1", "q-1")
         assert (summary.calls, summary.cost_usd) == (1, 0)  # the reservation is given back
-    finally:
-        await client.aclose()
-        await proxy.close()
-        shutil.rmtree(run, ignore_errors=True)
 
 
 async def test_only_post_is_forwarded_and_other_paths_are_recorded(proxied: Harness, fake_model: FakeModel) -> None:
@@ -596,28 +607,13 @@ async def test_each_call_is_billed_at_its_models_price(make: Any, fake_model: Fa
 
 async def test_a_reply_that_stops_coming_is_recorded_as_broken(fake_model: FakeModel) -> None:
     fake_model.script("BROKE-1", [{"content": [{"type": "text", "text": "never"}], "usage": BIG, "delay": 1.0}])
-    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
-    stored: list[ModelCallRecord] = []
-
-    async def store(records: Sequence[ModelCallRecord]) -> None:
-        stored.extend(records)
-
-    proxy = ModelProxy(fake_model.url, timeout_s=0.2, policy=ModelPolicy(prices=PRICES), store=store)
-    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")))
-    try:
-        await proxy.start_for("sb1", run / "model.sock")
-        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
-        proxy.begin_turn("sb1", "q-1", None, None)
+    async with bound_to(fake_model.url, timeout_s=0.2) as (proxy, client, stored):
         resp = await client.post("http://model-proxy/v1/messages", json=body("BROKE-1", stream=True))
         assert resp.status_code == 200 and "message_stop" not in resp.text  # the reply ends where the API stopped
         await proxy.flush()
         (rec,) = stored
         assert (rec.status, rec.outcome, rec.reason) == (200, "error", "upstream_broke")
         assert "broke off" in (rec.detail or "")
-    finally:
-        await client.aclose()
-        await proxy.close()
-        shutil.rmtree(run, ignore_errors=True)
 
 
 async def test_an_api_that_accepts_no_connection_is_a_502_after_the_connect_timeout(
@@ -629,32 +625,20 @@ async def test_an_api_that_accepts_no_connection_is_a_502_after_the_connect_time
     listener.bind(("127.0.0.1", 0))
     listener.listen(0)  # never accepts: one connection fills its queue, later SYNs are dropped
     filler = socket.create_connection(listener.getsockname())
-    run = Path(tempfile.mkdtemp(prefix="ashd-mp-", dir="/tmp"))
-    stored: list[ModelCallRecord] = []
-
-    async def store(records: Sequence[ModelCallRecord]) -> None:
-        stored.extend(records)
-
-    proxy = ModelProxy(f"http://127.0.0.1:{listener.getsockname()[1]}", policy=ModelPolicy(prices=PRICES),
-                       store=store)
-    # 20 s: far above the 0.3 s asked, far below the 30 s default the proxy would otherwise wait.
-    client = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(run / "model.sock")), timeout=20)
+    # The client waits 20 s: far above the 0.3 s asked, far below the 30 s default the proxy would otherwise wait.
     try:
-        await proxy.start_for("sb1", run / "model.sock")
-        proxy.bind("sb1", ModelBinding("s1", "acme", "agent", SessionModels(MODEL), key=lambda: "sk-bound"))
-        proxy.begin_turn("sb1", "q-1", None, 1.0)
-        resp = await client.post("http://model-proxy/v1/messages", json=body("SILENT-1"))
-        assert resp.status_code == 502
-        assert resp.json()["error"]["message"] == "model proxy could not reach the model API: ConnectionTimeoutError"
-        await proxy.flush()
-        (rec,) = stored
-        assert (rec.status, rec.outcome, rec.reason) == (502, "error", "upstream_unreachable")
+        async with bound_to(f"http://127.0.0.1:{listener.getsockname()[1]}", budget=1.0,
+                            client_timeout=20) as (proxy, client, stored):
+            resp = await client.post("http://model-proxy/v1/messages", json=body("SILENT-1"))
+            assert resp.status_code == 502
+            assert resp.json()["error"]["message"] == ("model proxy could not reach the model API: "
+                                                       "ConnectionTimeoutError")
+            await proxy.flush()
+            (rec,) = stored
+            assert (rec.status, rec.outcome, rec.reason) == (502, "error", "upstream_unreachable")
     finally:
-        await client.aclose()
-        await proxy.close()
         filler.close()
         listener.close()
-        shutil.rmtree(run, ignore_errors=True)
 
 
 def test_the_timeouts_towards_the_model_api_are_the_documented_ones() -> None:

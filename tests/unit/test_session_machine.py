@@ -30,10 +30,11 @@ from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps
 from ashd.actors._session_logs import LogTails
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.actors._warmer import Warmer
 from ashd.devtools.fake_model import FakeModel
 from ashd.errors import NotFound, ServiceError
 from ashd.sandboxing._model_proxy import ModelProxy
-from ashd.sandboxing._types import SandboxSpec
+from ashd.sandboxing._types import SandboxLimits, SandboxPaths, SandboxSpec
 from ashd.storage import Database
 from ashd.storage._agents import AgentView
 from ashd.storage._credentials import Credentials
@@ -86,6 +87,35 @@ class StallingSessions(Sessions):
         return await super().all_message_contents(session_id)
 
 
+class StallingLogs(SessionLogs):
+    """Real log storage whose writes can be held at a gate: a log store that stalls."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.gate: asyncio.Event | None = None
+
+    def stall(self) -> asyncio.Event:
+        self.gate = asyncio.Event()
+        return self.gate
+
+    async def add(self, *args: Any, **kwargs: Any) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().add(*args, **kwargs)
+
+
+class RecordingWarmer(Warmer):
+    """The server's Warmer, noting which spares the pool asked it to prepare."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.prepared: list[str] = []
+
+    def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
+        self.prepared.append(sandbox_id)
+        super().prepare(sandbox_id, paths)
+
+
 @dataclass
 class Machine:
     """SessionDeps over real storage and a real pool; `actor(sid)` starts a SessionActor."""
@@ -95,10 +125,11 @@ class Machine:
     launcher: PlainLauncher
     agents: dict[str, AgentView]
     credentials: Credentials
+    warmer: RecordingWarmer
     deps: SessionDeps | None = None
     snapshots: Any = None  # SnapshotProxy, or None: no snapshots
     model_proxy: ModelProxy | None = None
-    logs: SessionLogs | None = None  # where LogTails stores the sessions' logs
+    logs: StallingLogs | None = None  # where LogTails stores the sessions' logs
     actors: dict[str, Any] = field(default_factory=dict)
     resumes: list[tuple[str, str]] = field(default_factory=list)
     # on_status calls: (tenant, session id, agent, from, to, action, extra)
@@ -167,13 +198,16 @@ class Machine:
 @contextlib.asynccontextmanager
 async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None, snapshots: bool = False,
                        runner_id: str | None = None, model_url: str | None = None,
-                       logs: bool = False) -> AsyncIterator[Machine]:
+                       logs: bool = False, prewarm: int = 0, setup_timeout: float = T,
+                       disk_quota: bool = False) -> AsyncIterator[Machine]:
     """The Machine over fresh storage and a fresh pool. `snapshots`: a real SnapshotActor in the
     data dir (`snapshot_max_bytes` its limit); `runner_id`: the actors run as that runner's;
     `model_url`: a real ModelProxy in front of that model; `logs`: the sessions' logs kept (LogTails,
-    no sweep: a sandbox's lines are stored when it goes)."""
+    no sweep: a sandbox's lines are stored when it goes); `prewarm`: that many spares kept warm, their
+    bridge connections made ahead by the server's Warmer (present either way, as in the server);
+    `disk_quota`: sandboxes get the disk size they ask for (else any serves any, as without images)."""
     db = await Database.open(f"sqlite+aiosqlite:///{short_tmp / 'ashd.db'}")
-    launcher = PlainLauncher(short_tmp / "sb", bridge=True)
+    launcher = PlainLauncher(short_tmp / "sb", bridge=True, disk_quota=disk_quota)
     agent_dir = short_tmp / "agent"
     agent_dir.mkdir()
     (agent_dir / "AGENT.md").write_text("You are helpful.\n")
@@ -192,14 +226,16 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
         return SandboxSpec(sandbox_id, launcher.paths_for(sandbox_id), network=network)
 
     lost: list[SandboxLost] = []
-    pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=0, idle_timeout=3600.0, shutdown_grace=1.0),
-                               launcher, spec_for, None, lost.append)
+    model_proxy = ModelProxy(model_url) if model_url is not None else None
+    warmer = RecordingWarmer(asyncio.get_running_loop(), model_proxy, T)
+    pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=prewarm, idle_timeout=3600.0, shutdown_grace=1.0),
+                               launcher, spec_for, None, lost.append, warmer)
     snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes)
                     if snapshots or snapshot_max_bytes is not None else None)
-    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher),
+    m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher), warmer,
                 snapshots=snapshot_proxy(snapshot_ref) if snapshot_ref is not None else None,
-                model_proxy=ModelProxy(model_url) if model_url is not None else None,
-                logs=SessionLogs(db) if logs else None)
+                model_proxy=model_proxy,
+                logs=StallingLogs(db) if logs else None)
     tails = LogTails(m.logs, interval=3600) if m.logs is not None else None
 
     async def resolve_agent(_tenant: str, name: str) -> AgentView:
@@ -219,9 +255,9 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
         loop=asyncio.get_running_loop(), sessions=m.sessions, pool=m.pool, snapshots=m.snapshots, model_proxy=m.model_proxy,
         resolve_agent=resolve_agent, resolve_credential=m.credentials.use,
         decrypt_env=decrypt_env, count_resume=lambda path, sid, _agent: m.resumes.append((path, sid)),
-        record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=T, shutdown_grace=1.0,
+        record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=setup_timeout, shutdown_grace=1.0,
         network_default=False, sandbox_owner=lambda _sid: None, runner_id=runner_id, on_status=on_status,
-        session_logs=tails)
+        session_logs=tails, warmer=warmer)
     try:
         yield m
     finally:
@@ -229,6 +265,7 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
             if ref.is_alive():
                 ref.stop(block=False)
         await asyncio.to_thread(lambda: pool_ref.stop(block=True, timeout=60))
+        await warmer.close()
         if snapshot_ref is not None:
             await asyncio.to_thread(lambda: snapshot_ref.stop(block=True, timeout=60))
         if m.model_proxy is not None:
@@ -344,6 +381,18 @@ async def test_resume_from_error_clears_the_error(machine: Machine) -> None:
     assert (row.status, row.error) == ("active", None)
 
 
+async def test_a_cold_resume_failure_of_any_kind_is_a_500_that_points_at_the_log(machine: Machine) -> None:
+    sid = new_id()  # its environment encrypted under another key: the cipher's own exception
+    foreign = Cipher(bytes(32)).encrypt_json({"TOKEN": "x"}, sid.encode())
+    await machine.sessions.insert(Session(id=sid, tenant_id=TENANT, agent_name="helper", status="stopped", model=None,
+                                          config="{}", env_ciphertext=foreign))
+    refused = await machine.refused(sid, "resume")
+    assert refused.status_code == 500
+    assert refused.message.startswith("A new sandbox could not be created for cold resume (")
+    assert refused.message.endswith("the details are in the server log")
+    assert (await machine.row(sid)).status == "stopped"
+
+
 async def test_a_creation_failure_of_any_kind_leaves_the_session_in_error(machine: Machine) -> None:
     # The session's environment was encrypted under another key (the server's key was replaced):
     # decrypting it fails with the cipher's own exception, not a ServiceError.
@@ -369,6 +418,52 @@ async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
     wait_for(lambda: machine.counts() == {}, T, "the failed session's sandbox released")
 
 
+async def test_a_session_on_a_warm_spare_uses_the_connection_made_ahead(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, prewarm=1) as m:
+        await until(lambda: m.warmer.prepared != [], "the spare prepared")
+        sid, view = await m.create()
+        assert (view["status"], view["sandboxId"]) == ("active", m.warmer.prepared[0])
+        assert await m.run(sid, "echo", "on the spare") == "on the spare\n"
+
+
+async def test_a_failed_start_on_a_warm_spare_lets_its_prepared_connection_go(short_tmp: Path) -> None:
+    """A preparation nobody took is closed: a start that fails before its bridge's init (here the
+    agent folder) would otherwise leave the spare's connection open for good."""
+    async with open_machine(short_tmp, prewarm=1) as m:
+        (short_tmp / "agent-gone").mkdir()
+        m.agents["gone"] = AgentView("a2", "gone", 1, str(short_tmp / "agent-gone"), None, {}, False)
+        await until(lambda: m.warmer.prepared != [], "the spare prepared")
+        spare = m.warmer.prepared[0]
+        with pytest.raises(ServiceError) as failed:  # no AGENT.md: the copy into the workspace refuses
+            await m.create("gone")
+        assert failed.value.status_code == 500
+        # The discard was told to the loop before the failure was answered.
+        assert m.warmer.take(spare) is None
+
+
+async def test_a_setup_that_runs_past_the_setup_timeout_is_cut_off_with_the_setup_error(short_tmp: Path) -> None:
+    """SERVICE_SETUP_TIMEOUT_SECONDS is setup.sh's: the bridge kills it then and the creation fails
+    saying so. The session waits longer than that for the init (`SessionDeps.init_timeout`), so
+    that the answer is the setup's error, not a timeout of its own."""
+    async with open_machine(short_tmp, setup_timeout=3) as m:
+        (Path(m.agents["helper"].path) / "setup.sh").write_text("echo installing; sleep 60\n")
+        with pytest.raises(ServiceError) as failed:
+            await m.create()
+        assert "setup.sh timed out after 3s" in failed.value.message
+        [row] = await m.sessions.list(TENANT, "helper")
+        assert (row.status, row.error) == ("error", failed.value.message)
+
+
+async def until(condition: Any, what: str) -> None:
+    """Wait for a condition that work on this loop makes true (wait_for would block the loop)."""
+    try:
+        async with asyncio.timeout(T):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
 async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine: Machine) -> None:
     sid, _ = await machine.create()
     ticket = await machine.ask(sid, "begin_turn", "hello", None)
@@ -385,6 +480,21 @@ async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine
     await machine.ask(sid, "end_turn", ticket.query_id)
     assert (await pausing)["status"] == "paused"
     assert (await machine.row(sid)).status == "paused"
+
+
+async def test_a_pause_waiting_for_the_turn_is_refused_once_a_stop_came_first(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    pausing = asyncio.ensure_future(machine.ask(sid, "pause"))
+    await asyncio.sleep(0.2)
+    assert (await machine.ask(sid, "stop_session"))["status"] == "stopped"
+    assert not pausing.done()  # it waits for the turn's end, as before
+    await machine.ask(sid, "end_turn", ticket.query_id)
+    with pytest.raises(ServiceError) as refused:
+        async with asyncio.timeout(T):
+            await pausing
+    assert (refused.value.status_code, refused.value.message) == (
+        400, "Session is stopped; only an active session can be paused")
 
 
 async def test_a_lost_sandbox_pauses_an_idle_session_and_not_a_turn(machine: Machine) -> None:
@@ -728,6 +838,17 @@ async def test_a_session_whose_credential_is_gone_fails_to_start_with_404(machin
     assert machine.counts() == {}
 
 
+async def test_a_cold_resume_whose_credential_is_gone_answers_404(machine: Machine) -> None:
+    credential = await machine.credentials.create(TENANT, "openai", "sk-openai-123", None)
+    sid, _ = await machine.create(credential_id=credential.id)
+    await machine.ask(sid, "stop_session")
+    await machine.credentials.delete(TENANT, credential.id)
+    refused = await machine.refused(sid, "resume")
+    assert (refused.status_code, refused.message) == (404, f"Credential {credential.id} not found")
+    assert (await machine.row(sid)).status == "stopped"
+    assert machine.counts() == {}  # the sandbox claimed for it went again
+
+
 # --- status listener (webhooks' session.status_changed) -------------------------------------------
 
 async def test_each_status_change_is_told_once_and_stands_when_its_listener_fails(machine: Machine) -> None:
@@ -898,9 +1019,25 @@ async def test_pauses_waiting_for_a_turn_get_the_error_of_the_pause_that_failed(
 
 # --- what goes with the sandbox: its logs and its model socket ------------------------------------
 
+async def test_a_delete_answers_before_its_sandbox_is_let_go(short_tmp: Path) -> None:
+    """DELETE answers once the status is stored; the sandbox goes after, its last lines stored a
+    moment later (a stop waits for them: see the test above)."""
+    async with open_machine(short_tmp, logs=True) as machine:
+        assert machine.logs is not None
+        sid, view = await machine.create()
+        _sandbox_prints(machine, view["sandboxId"], "deleted-last-words")
+        gate = machine.logs.stall()
+        # Letting the sandbox go waits at the gate for up to ask_timeout (T): the answer does not.
+        async with asyncio.timeout(T / 2):
+            assert (await machine.ask(sid, "delete"))["status"] == "ended"
+        assert await _logs(machine, sid) == []
+        gate.set()
+        await asyncio.wait_for(_until(lambda: _logs(machine, sid), ("sandbox", "deleted-last-words")), T)
+
+
 async def _logs(machine: Machine, sid: str) -> list[tuple[str, str]]:
-    assert machine.logs is not None
-    return [(line["source"], line["text"]) for line in await machine.logs.list(TENANT, sid, 0, 100)]
+    assert machine.logs is not None  # from the first line on (index 0), as the API's default `after=-1`
+    return [(line["source"], line["text"]) for line in await machine.logs.list(TENANT, sid, -1, 100)]
 
 
 async def test_setup_output_is_stored_before_creation_answers_and_a_sandbox_last_lines_when_it_goes(
@@ -968,3 +1105,63 @@ async def test_an_anthropic_credential_pays_for_the_session_model_calls(
             await machine.ask(sid, "end_turn", ticket.query_id)
         await machine.ask(sid, "stop_session")
         assert not socket_path.exists()  # the model socket went with the sandbox
+
+
+async def test_a_pause_interrupts_the_running_turn_and_is_answered_once_it_is_stored(
+        short_tmp: Path, fake_model: FakeModel) -> None:  # noqa: F811
+    # The model's answer takes T: the turn ends before it only if the pause interrupted it. (The proxy
+    # waits for that answer when its sandbox goes, so more would only make the test slower.)
+    fake_model.script("SLOW-TURN", [{"content": [{"type": "text", "text": "too late"}], "wait": T}])
+    async with open_machine(short_tmp, model_url=fake_model.url) as machine:
+        proxy = machine.model_proxy
+        assert proxy is not None
+        sid, _ = await machine.create(model="claude-sonnet-4-5")
+        ticket = await machine.ask(sid, "begin_turn", "SLOW-TURN", None)
+        proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, None)  # as the turn driver does
+        proxy.set_key_provider(ticket.sandbox_id, lambda: "sk-test")  # no credential, no server key
+        frames: list[dict[str, Any]] = []
+
+        async def drive() -> None:  # the stream handler's part: the query, then end_turn
+            async for frame in ticket.connection.query("SLOW-TURN hi", model=ticket.model, query_id=ticket.query_id):
+                frames.append(frame)
+
+        turn = asyncio.ensure_future(drive())
+        await until(lambda: bool(fake_model.requests_containing("SLOW-TURN")) or turn.done(), "the turn's model call")
+        first = asyncio.ensure_future(machine.ask(sid, "pause"))
+        async with asyncio.timeout(2 * T):
+            await turn
+        assert any("session paused" in str(frame.get("error")) for frame in frames), frames
+        second = asyncio.ensure_future(machine.ask(sid, "pause"))  # asked while the turn is being stored
+        await asyncio.sleep(0.2)
+        assert not first.done() and not second.done()
+        await machine.ask(sid, "end_turn", ticket.query_id)
+        assert [(await first)["status"], (await second)["status"]] == ["paused", "paused"]
+
+
+async def test_a_session_without_a_model_of_its_own_calls_its_agents(
+        short_tmp: Path, fake_model: FakeModel) -> None:  # noqa: F811
+    fake_model.script("AGENT-MODEL", [{"content": [{"type": "text", "text": "answered"}]}])
+    async with open_machine(short_tmp, model_url=fake_model.url) as machine:
+        proxy = machine.model_proxy
+        assert proxy is not None
+        helper = machine.agents["helper"]
+        machine.agents["helper"] = AgentView(helper.id, helper.name, helper.version, helper.path, HAIKU, {}, False)
+        sid, _ = await machine.create()
+        ticket = await machine.ask(sid, "begin_turn", "AGENT-MODEL", None)
+        assert ticket.model is None  # the turn names none: the bridge's, from its init, is used
+        proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, None)
+        proxy.set_key_provider(ticket.sandbox_id, lambda: "sk-test")
+        frames = [frame async for frame in ticket.connection.query("AGENT-MODEL hi", query_id=ticket.query_id)]
+        await machine.ask(sid, "end_turn", ticket.query_id)
+        [request] = fake_model.requests_containing("AGENT-MODEL")
+        assert request["body"]["model"] == HAIKU, frames
+
+
+async def test_the_sandbox_disk_is_the_sessions_disk_mb_else_the_agents(short_tmp: Path) -> None:
+    async with open_machine(short_tmp, disk_quota=True) as machine:
+        helper = machine.agents["helper"]
+        machine.agents["big"] = AgentView("a3", "big", 1, helper.path, None, {}, False, disk_mb=32)
+        views = [(await machine.create("big", config={"diskMb": 64}))[1], (await machine.create("big"))[1],
+                 (await machine.create())[1]]
+        sizes = [machine.launcher.specs[view["sandboxId"]].limits.disk_bytes for view in views]
+        assert sizes == [64 * 1024 * 1024, 32 * 1024 * 1024, SandboxLimits().disk_bytes]
