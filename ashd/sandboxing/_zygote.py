@@ -1,10 +1,11 @@
-"""The fork server: `python -I -m ashd.sandboxing._zygote <fd> <server pid> <module:function>`.
+"""The fork server: `python -I -c ZYGOTE_BOOT <ashd root> <fd> <server pid> <module:function>`.
 
 Started once with an empty environment (a forked child's /proc/self/environ shows the zygote's
 original environment block, so no secret may ever be in it). It pre-imports the heavy modules,
 freezes the GC so copy-on-write pages stay shared, then serves newline-delimited JSON on the
 inherited socket:
 
+    <- {"ready": true, "pid": N, "payload": bool, "ashd": "<the ashd package it imported>"}
     -> {"spawn": {...request...}}        <- {"pid": N} | {"error": "..."}
                                          <- {"exit": N, "status": <Popen-style returncode>}
 
@@ -28,6 +29,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import ashd
 from ashd.sandboxing import _zygote_child as child
 
 # The bridge imports its engine lazily in main(); importing it here is what makes a spawn cheap.
@@ -104,7 +106,8 @@ class _Zygote:
             self.send({"error": f"{type(exc).__name__}: {exc}"})
 
     def serve(self) -> None:
-        self.send({"ready": True, "pid": self.pid, "payload": self.entry is not None})
+        self.send({"ready": True, "pid": self.pid, "payload": self.entry is not None,
+                   "ashd": os.path.dirname(os.path.abspath(ashd.__file__))})
         while True:
             try:
                 ready, _, _ = select.select([self.sock.fileno(), self.wake_r], [], [])

@@ -14,8 +14,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import ashd
 from ashd.errors import SandboxError
 
+# The zygote runs the server's own ashd, from where this process imported it. `-I` keeps the
+# environment out of it (no PYTHONPATH), so a server started from a checkout, or from a copy as
+# the mutation tests do, would otherwise fork sandboxes from whatever ashd the interpreter's
+# site-packages holds; the sandbox binds the server's package, so lazy imports would break too.
+ASHD_PACKAGE = os.path.dirname(os.path.abspath(ashd.__file__))
+ASHD_ROOT = os.path.dirname(ASHD_PACKAGE)
+ZYGOTE_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+               "from ashd.sandboxing._zygote import main; sys.exit(main(sys.argv[1:]))")
 log = logging.getLogger(__name__)
 
 DEFAULT_PAYLOAD = "ashd.bridge.__main__:main"
@@ -69,8 +78,9 @@ class ZygoteClient:
                 [
                     sys.executable,
                     "-I",
-                    "-m",
-                    "ashd.sandboxing._zygote",
+                    "-c",
+                    ZYGOTE_BOOT,
+                    ASHD_ROOT,
                     str(theirs.fileno()),
                     str(os.getpid()),
                     self.payload,
@@ -94,6 +104,10 @@ class ZygoteClient:
             raise SandboxError(f"the sandbox fork server did not start; see {self.log_path}") from None
         if not hello.get("ready"):
             raise SandboxError(f"the sandbox fork server failed to start: {hello}; see {self.log_path}")
+        if hello.get("ashd") != ASHD_PACKAGE:
+            self.stop()
+            raise SandboxError(f"the sandbox fork server runs ashd from {hello.get('ashd')}, this server from "
+                               f"{ASHD_PACKAGE}: the sandboxes would run other code than the server")
         self.has_payload = bool(hello.get("payload"))
         log.info("sandbox zygote %d ready (payload %s)", hello.get("pid"), self.payload)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -396,3 +397,23 @@ def test_programs_go_through_the_fork_server_even_when_its_payload_does_not_load
             proc.kill()
             proc.wait(30)
             proc.cleanup()
+
+
+def test_the_zygote_runs_the_servers_own_ashd_not_the_environments(tmp_path: Path) -> None:
+    """A server run from another copy of ashd (a checkout on PYTHONPATH, the mutation tests' copy)
+    forks its sandboxes from that copy, though the zygote ignores the environment (`-I`)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "ashd", copy / "ashd", ignore=shutil.ignore_patterns("__pycache__"))
+    script = (
+        "import ashd, sys\n"
+        "from pathlib import Path\n"
+        "from ashd.sandboxing._zygote_client import ZygoteClient\n"
+        f"z = ZygoteClient(Path({str(tmp_path / 'zygote.log')!r}))\n"
+        "z.start()\n"
+        "print(ashd.__file__, flush=True)\n"
+        "z.stop()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(copy)},
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(copy / "ashd" / "__init__.py")
