@@ -1165,3 +1165,16 @@ async def test_the_sandbox_disk_is_the_sessions_disk_mb_else_the_agents(short_tm
                  (await machine.create())[1]]
         sizes = [machine.launcher.specs[view["sandboxId"]].limits.disk_bytes for view in views]
         assert sizes == [64 * 1024 * 1024, 32 * 1024 * 1024, SandboxLimits().disk_bytes]
+
+
+async def test_a_delete_gives_its_sandbox_back_to_the_pool_at_once(machine: Machine) -> None:
+    """The pool counts a deleted session's sandbox gone as the DELETE answers (its place is free for
+    the next create); a session whose sandbox is already gone (stopped) is deleted all the same."""
+    sid, _view = await machine.create()
+    assert machine.counts() == {"waiting": 1}
+    assert (await machine.ask(sid, "delete"))["status"] == "ended"
+    assert machine.counts() == {}
+    stopped, _view = await machine.create()
+    await machine.ask(stopped, "stop_session")
+    assert machine.counts() == {}
+    assert (await machine.ask(stopped, "delete"))["status"] == "ended"
