@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
+import ashd
 from ashd.errors import SandboxError
 from ashd.sandboxing import ExitReason, LauncherConfig, SandboxLauncher, SandboxSpec
 from ashd.sandboxing._cgroups import CgroupTree
@@ -403,7 +404,8 @@ def test_the_zygote_runs_the_servers_own_ashd_not_the_environments(tmp_path: Pat
     """A server run from another copy of ashd (a checkout on PYTHONPATH, the mutation tests' copy)
     forks its sandboxes from that copy, though the zygote ignores the environment (`-I`)."""
     copy = tmp_path / "copy"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "ashd", copy / "ashd", ignore=shutil.ignore_patterns("__pycache__"))
+    # The ashd this test imported: the checkout, or the installed wheel (scripts/test_installed).
+    shutil.copytree(Path(ashd.__file__).parent, copy / "ashd", ignore=shutil.ignore_patterns("__pycache__"))
     script = (
         "import ashd, sys\n"
         "from pathlib import Path\n"
