@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_sandbox_spawn.py [--n 30] [--idle 8]
 
 Latency = launch() called -> the sandboxed program's first byte arrives on a Unix socket in its
-/run/ashd. "trivial" is `python -I -S -c <connect>`; "anthropic" imports anthropic first (what the
+/run/ashd. "trivial" is `python -I -S -c <connect>`; "client" imports the bridge's model client first (what the
 bridge pays): cold in bwrap, pre-imported in the zygote.
 """
 
@@ -67,7 +67,7 @@ def bench(route: str, n: int, idle: int, data_dir: Path) -> None:
     try:
         for label, code, flags, count in (
             ("trivial", CONNECT, ("-I", "-S"), n),
-            ("anthropic", "import anthropic; " + CONNECT, ("-I",), max(3, n // 6)),
+            ("client", "import ashd.bridge.engine._model_client; " + CONNECT, ("-I",), max(3, n // 6)),
         ):
             times = []
             for i in range(count):
@@ -83,12 +83,12 @@ def bench(route: str, n: int, idle: int, data_dir: Path) -> None:
             )
         procs = []
         for i in range(idle):
-            _, proc, conn = _one(launcher, f"idle{i}", "import anthropic; " + IDLE, ("-I",))
+            _, proc, conn = _one(launcher, f"idle{i}", "import ashd.bridge.engine._model_client; " + IDLE, ("-I",))
             procs.append((proc, conn))
         pss = [p.pss_bytes() for p, _ in procs]
         mem = [p.memory_bytes() for p, _ in procs]
         print(
-            f"[{route}] idle sandboxes with anthropic imported, n={idle}: PSS per sandbox"
+            f"[{route}] idle sandboxes with the model client imported, n={idle}: PSS per sandbox"
             f" {statistics.mean(pss) / 2**20:.1f} MiB"
             f" (min {min(pss) / 2**20:.1f}, max {max(pss) / 2**20:.1f});"
             f" cgroup memory {statistics.mean(mem) / 2**20:.1f} MiB"

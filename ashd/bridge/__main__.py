@@ -1,6 +1,6 @@
 """`python -m ashd.bridge --socket /run/ashd/bridge.sock [--model-socket ...] [--workspace ...]`.
 
-`main(argv)` is also what a fork server (zygote) calls after pre-importing anthropic. Imports stay
+`main(argv)` is also what a fork server (zygote) calls after pre-importing the model client and engine. Imports stay
 light at module level: the engine modules are imported when `main` runs.
 """
 

@@ -1,12 +1,12 @@
 """Warm-up of a session's first turn: once in the fork server (zygote), and again in each bridge.
 
-The anthropic SDK builds its pydantic validators and serializers on first use (the request's
-parameter transform, each stream event's model and `to_dict`), and the engine its tools and
-prompts. In a fresh process that costs ~30 ms (idle machine; more under load) of a session's first
-message, and each sandbox's bridge built its own copy (private memory). Run once in the zygote
-before it forks, the work is inherited by every sandbox's bridge and shared copy-on-write. One
-streamed request through the SDK and one turn of the built-in engine, both answered by an
-in-process transport: no network, no model.
+The first model call of a process builds what httpx2 and the engine build on first use (the
+client's transport and connection machinery, the engine's tools and prompts, the stream's
+decoding). In a fresh process that is many ms of a session's first message, and each sandbox's
+bridge built its own copy (private memory). Run once in the zygote before it forks, the work is
+inherited by every sandbox's bridge and shared copy-on-write. One streamed request through the
+model client and one turn of the built-in engine, both answered by an in-process transport: no
+network, no model.
 
 A bridge forked from the zygote shares those pages until it writes them, and a turn writes many
 (reference counts, caches): about 7 MiB of copy-on-write faults, several ms of a session's first
@@ -27,8 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx2
+
+from ashd.bridge.engine._model import ModelClient, call_model
 
 _EVENTS: list[dict[str, Any]] = [
     {"type": "message_start", "message": {"id": "msg_warm", "type": "message", "role": "assistant", "model": "warm",
@@ -65,12 +66,11 @@ _TEXT_EVENTS: list[dict[str, Any]] = [
 _TEXT_BODY = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in _TEXT_EVENTS).encode()
 
 
-def _client(body: bytes) -> anthropic.AsyncAnthropic:
+def _client(body: bytes) -> ModelClient:
     def answer(_request: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
 
-    http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
-    return anthropic.AsyncAnthropic(base_url="http://warm-up", api_key="warm-up", http_client=http, max_retries=0)
+    return ModelClient(httpx2.AsyncClient(transport=httpx2.MockTransport(answer)), "http://warm-up")
 
 
 async def _quiet(*_args: Any) -> None:
@@ -93,17 +93,15 @@ async def _one_turn() -> None:
 async def _one_request() -> None:
     client = _client(_BODY)
     try:
-        stream = await client.messages.create(
-            model="warm-up", max_tokens=16, stream=True,
-            system=[{"type": "text", "text": "warm", "cache_control": {"type": "ephemeral"}}],
-            messages=[{"role": "user", "content": [{"type": "text", "text": "warm"}]},
-                      {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "warm", "input": {}}]},
-                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
-            tools=[{"name": "warm", "description": "warm", "input_schema": {"type": "object", "properties": {}}}],
-        )
-        async with stream:
-            async for event in stream:
-                event.to_dict()
+        await call_model(client, {
+            "model": "warm-up", "max_tokens": 16,
+            "system": [{"type": "text", "text": "warm", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "warm"}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "warm", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+            "tools": [{"name": "warm", "description": "warm", "input_schema": {"type": "object", "properties": {}}}],
+        }, betas=["warm-up"], on_event=_quiet, max_retries=0)
     finally:
         await client.close()
 
@@ -114,8 +112,8 @@ async def _both() -> None:
 
 
 def warm() -> None:
-    """One streamed request through the SDK and one engine turn, answered in process; raises what
-    it meets."""
+    """One streamed request through the model client and one engine turn, answered in process;
+    raises what it meets."""
     asyncio.run(_both())
 
 

@@ -33,7 +33,7 @@ import ashd
 from ashd.sandboxing import _zygote_child as child
 
 # The bridge imports its engine lazily in main(); importing it here is what makes a spawn cheap.
-PRELOAD = ("anthropic", "ashd.bridge._server")
+PRELOAD = ("httpx2", "ashd.bridge._server")
 
 
 def _load_entry(spec: str) -> Callable[[list[str]], object] | None:

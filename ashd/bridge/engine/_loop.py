@@ -12,8 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anthropic
-
 from ashd.bridge.engine import _messages as m
 from ashd.bridge.engine._cache import cached_messages, cached_system, cached_tools
 from ashd.bridge.engine._compact import (
@@ -29,7 +27,7 @@ from ashd.bridge.engine._compact import (
 from ashd.bridge.engine._compact import plan as plan_compaction
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._mcp import LogFn, McpManager
-from ashd.bridge.engine._model import CallResult, ModelError, PromptTooLong, call_model, make_client
+from ashd.bridge.engine._model import CallResult, ModelClient, ModelError, PromptTooLong, call_model, make_client
 from ashd.bridge.engine._options import EFFORT_BETA, STRUCTURED_OUTPUT_TOOL, QueryOptions, apply_live_config
 from ashd.bridge.engine._permissions import Permissions
 from ashd.bridge.engine._skills import expand_skill
@@ -79,13 +77,13 @@ class _Query:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, log_fn: LogFn, client: anthropic.AsyncAnthropic | None = None) -> None:
+    def __init__(self, config: EngineConfig, log_fn: LogFn, client: ModelClient | None = None) -> None:
         self.config = config
         self.session_id = config.session_id or m.new_uuid()
         self.messages: list[dict[str, Any]] = [dict(x) for x in config.history]
         self.permissions = self._permissions()
         self.mcp = McpManager(config.workspace, config.tool_env(), log_fn)
-        self._client: anthropic.AsyncAnthropic | None = client  # None: made at the first model call
+        self._client: ModelClient | None = client  # None: made at the first model call
         self._query: _Query | None = None
         # The main conversation's last measured size (compaction); subagents measure their own.
         self._measure = Measure()
@@ -110,7 +108,7 @@ class Engine:
             await self._client.close()
 
     @property
-    def client(self) -> anthropic.AsyncAnthropic:
+    def client(self) -> ModelClient:
         if self._client is None:
             self._client = make_client(self.config.model_socket)
         return self._client

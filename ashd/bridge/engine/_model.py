@@ -1,7 +1,7 @@
 """One model call: a streamed Messages API request, assembled into an API message, with retries.
 
-The anthropic client talks plain HTTP over the model socket to the server's model proxy, which
-adds the real API key; the sandbox never holds one. anthropic 2.x wants an `httpx2` client.
+The client (`_model_client.py`) talks plain HTTP over the model socket to the server's model proxy,
+which adds the real API key; the sandbox never holds one.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anthropic
-import httpx2
+from ashd.bridge.engine._model_client import ApiConnectionError, ApiError, ApiStatusError, ApiTimeoutError
+from ashd.bridge.engine._model_client import ModelClient as ModelClient
+from ashd.bridge.engine._model_client import make_client as make_client
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +45,11 @@ class PromptTooLong(ModelError):
 
 
 def _is_prompt_too_long(exc: Exception) -> bool:
-    if not isinstance(exc, anthropic.APIStatusError) or exc.status_code not in (400, 413):
+    if not isinstance(exc, ApiStatusError) or exc.status_code not in (400, 413):
         return False
-    if exc.response.headers.get(REFUSAL_HEADER):
+    if exc.headers.get(REFUSAL_HEADER):
         return False  # the server's own refusal (a max_tokens cap, say), not the model's window
     return "prompt is too long" in _describe(exc).lower()
-
-
-def make_client(model_socket: str | None, base_url: str = "http://model-proxy") -> anthropic.AsyncAnthropic:
-    timeout = httpx2.Timeout(600.0, connect=10.0)
-    if model_socket:
-        # Plain HTTP over the model proxy's unix socket: no TLS, so no certificate store to load (the
-        # default one costs ~30 ms, paid by a session's first message), and no proxy from the env.
-        transport = httpx2.AsyncHTTPTransport(uds=model_socket, verify=False)
-        http = httpx2.AsyncClient(transport=transport, timeout=timeout, verify=False, trust_env=False)
-    else:
-        http = httpx2.AsyncClient(timeout=timeout)
-    # The proxy replaces this key with the session's real credential.
-    return anthropic.AsyncAnthropic(base_url=base_url, api_key="sandbox-no-key", http_client=http, max_retries=0)
 
 
 @dataclass
@@ -82,9 +70,17 @@ class _Assembler:
         "signature_delta": ("signature", "signature"),
     }
 
-    def __init__(self) -> None:
+    def __init__(self, on_event: OnEvent | None = None) -> None:
         self.message: dict[str, Any] = {}
         self._parts: dict[tuple[int, str], list[str]] = {}
+        self._on_event = on_event
+        self.emitted = False  # an event went on to `on_event`: the call can no longer be retried
+
+    async def handle(self, ev: dict[str, Any]) -> None:
+        self.feed(ev)
+        if self._on_event is not None:
+            self.emitted = True
+            await self._on_event(ev)
 
     def feed(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
@@ -117,8 +113,8 @@ class _Assembler:
             self.message["usage"] = usage
 
 
-def _retry_after(exc: anthropic.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after")
+def _retry_after(exc: ApiStatusError) -> float | None:
+    value = exc.headers.get("retry-after")
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
@@ -126,7 +122,7 @@ def _retry_after(exc: anthropic.APIStatusError) -> float | None:
 
 
 def _describe(exc: Exception) -> str:
-    if isinstance(exc, anthropic.APIStatusError):
+    if isinstance(exc, ApiStatusError):
         body = exc.body
         detail = body.get("error", {}).get("message") if isinstance(body, dict) else None
         return str(detail or exc.message)
@@ -137,13 +133,13 @@ def _final_error(exc: Exception, attempts: int) -> ModelError:
     retried = f" after {attempts - 1} retries" if attempts > 1 else ""
     if _is_prompt_too_long(exc):
         return PromptTooLong(f"the conversation does not fit the model's context window: {_describe(exc)}")
-    if isinstance(exc, anthropic.APIStatusError):
+    if isinstance(exc, ApiStatusError):
         status = exc.status_code
-        if exc.response.headers.get(REFUSAL_HEADER):
+        if exc.headers.get(REFUSAL_HEADER):
             # The server's model proxy refused the call (policy, budget, rate): its message says what
             # to do, so it is passed on as it is instead of being read as the model API's words.
             return ModelError(f"model call refused by the server ({status}){retried}: {_describe(exc)}",
-                              refusal=exc.response.headers.get(REFUSAL_HEADER))
+                              refusal=exc.headers.get(REFUSAL_HEADER))
         if status == 401:
             return ModelError("model API rejected the API key (401): check the session credential or ANTHROPIC_API_KEY")
         label = {
@@ -155,14 +151,16 @@ def _final_error(exc: Exception, attempts: int) -> ModelError:
             413: "rejected the request as too large",
         }.get(status, "failed" if status >= 500 else "rejected the request")
         return ModelError(f"model API {label} ({status}){retried}: {_describe(exc)}")
-    if isinstance(exc, anthropic.APITimeoutError):
+    if isinstance(exc, ApiTimeoutError):
         return ModelError(f"model API timed out{retried}: the model proxy did not answer in time")
-    return ModelError(f"could not reach the model API{retried}: {_describe(exc)}")
+    if isinstance(exc, ApiConnectionError):
+        return ModelError(f"could not reach the model API{retried}: {_describe(exc)}")
+    return ModelError(f"model API call failed{retried}: {_describe(exc)}")
 
 
 def _retryable(exc: Exception) -> bool:
-    if isinstance(exc, anthropic.APIStatusError):
-        if exc.response.headers.get(REFUSAL_HEADER):
+    if isinstance(exc, ApiStatusError):
+        if exc.headers.get(REFUSAL_HEADER):
             # The server's own refusals: a short rate wait or a spend that could not be read (503) is
             # worth retrying; a budget or a model refusal will not change, and a long wait is better
             # told to the person at once.
@@ -171,11 +169,11 @@ def _retryable(exc: Exception) -> bool:
             hinted = _retry_after(exc)
             return exc.status_code == 429 and hinted is not None and hinted <= REFUSAL_RETRY_MAX_S
         return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
-    return isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError)
+    return isinstance(exc, ApiConnectionError)
 
 
 async def call_model(
-    client: anthropic.AsyncAnthropic,
+    client: ModelClient,
     params: dict[str, Any],
     *,
     betas: list[str],
@@ -183,31 +181,22 @@ async def call_model(
     max_retries: int = MAX_RETRIES,
 ) -> CallResult:
     """Stream one request; `on_event` gets each raw event dict (for stream_event messages)."""
-    headers = {"anthropic-beta": ",".join(betas)} if betas else None
     attempt = 0
     while True:
         attempt += 1
         started = time.monotonic()
-        emitted = False
+        asm = _Assembler(on_event)
         try:
-            asm = _Assembler()
-            stream = await client.messages.create(**params, stream=True, extra_headers=headers)
-            async with stream:
-                async for event in stream:
-                    raw = event.to_dict()
-                    asm.feed(raw)
-                    if on_event is not None:
-                        emitted = True
-                        await on_event(raw)
+            await client.stream(params, betas, asm.handle)
             if not asm.message:
                 raise ModelError("model API returned an empty stream (no message_start)")
             return CallResult(asm.message, (time.monotonic() - started) * 1000)
-        except (anthropic.APIError, httpx2.TransportError) as exc:
+        except ApiError as exc:
             # Events already forwarded cannot be taken back: retry only clean failures.
-            if attempt > max_retries or emitted or not _retryable(exc):
+            if attempt > max_retries or asm.emitted or not _retryable(exc):
                 raise _final_error(exc, attempt) from exc
             delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
-            if isinstance(exc, anthropic.APIStatusError):
+            if isinstance(exc, ApiStatusError):
                 hinted = _retry_after(exc)
                 delay = min(hinted, BACKOFF_MAX_S * 3) if hinted is not None else delay
             log.warning("model call failed (%s); retry %d/%d in %.1fs", _describe(exc), attempt, max_retries, delay)

@@ -1,0 +1,208 @@
+"""The bridge's Messages API client against a real HTTP server on a unix socket, as the model proxy
+serves it: what it sends, how it reads a stream, and how each failure reaches the person."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from ashd.bridge.engine._model import ModelError, PromptTooLong, call_model, make_client
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+START = {"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant", "model": "x",
+                                              "content": [], "stop_reason": None, "usage": {"input_tokens": 3}}}
+PARAMS = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hé"}]}
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/messages", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        path = str(tmp_path / f"model{len(runners)}.sock")
+        await web.UnixSite(runner, path).start()
+        runners.append(runner)
+        return path
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def event(data: dict[str, Any], name: str | None = None) -> bytes:
+    return f"event: {name or data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def test_a_stream_is_sent_as_the_api_wants_it_and_read_into_the_final_message(serve: Any) -> None:
+    seen: list[tuple[dict[str, str], Any]] = []
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        seen.append((dict(req.headers), await req.json()))
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(req)
+        # Split across writes mid-line, a ping, a data field without its space, CRLF line ends.
+        body = (event(START) + b"event: ping\ndata: {\"type\": \"ping\"}\n\n"
+                + event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+                + b'event:content_block_delta\r\ndata:{"type":"content_block_delta","index":0,'
+                  b'"delta":{"type":"text_delta","text":"he"}}\r\n\r\n'
+                + event({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "llo"}})
+                + event({"type": "content_block_stop", "index": 0})
+                + event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}})
+                + event({"type": "message_stop"}))
+        for i in range(0, len(body), 37):
+            await resp.write(body[i:i + 37])
+        await resp.write_eof()
+        return resp
+
+    client = make_client(await serve(handler))
+    events: list[dict[str, Any]] = []
+
+    async def on_event(ev: dict[str, Any]) -> None:
+        events.append(ev)
+
+    try:
+        result = await call_model(client, PARAMS, betas=["b1", "b2"], on_event=on_event, max_retries=0)
+    finally:
+        await client.close()
+    headers, body = seen[0]
+    assert body == {**PARAMS, "stream": True}
+    assert headers["anthropic-version"] == "2023-06-01"
+    assert headers["anthropic-beta"] == "b1,b2"
+    assert headers["x-api-key"] == "sandbox-no-key"  # the proxy puts the real key in; the sandbox has none
+    assert [e["type"] for e in events] == ["message_start", "content_block_start", "content_block_delta",
+                                           "content_block_delta", "content_block_stop", "message_delta",
+                                           "message_stop"]
+    assert result.message["content"] == [{"type": "text", "text": "hello"}]
+    assert result.message["stop_reason"] == "end_turn"
+    assert result.message["usage"] == {"input_tokens": 3, "output_tokens": 2}
+
+
+async def test_an_error_event_mid_stream_is_told_with_the_apis_words(serve: Any) -> None:
+    async def handler(req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(req)
+        await resp.write(event(START))
+        await resp.write(event({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
+        await resp.write_eof()
+        return resp
+
+    client = make_client(await serve(handler))
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+    finally:
+        await client.close()
+    assert str(failed.value) == "model API overloaded (529): Overloaded"
+
+
+async def test_a_refused_request_says_why_and_is_retried_only_when_worth_it(serve: Any) -> None:
+    calls: list[int] = []
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        calls.append(1)
+        if len(calls) == 1:
+            return web.json_response({"type": "error", "error": {"type": "api_error", "message": "hiccup"}},
+                                     status=500, headers={"retry-after": "0"})
+        return web.json_response({"type": "error", "error": {
+            "type": "invalid_request_error", "message": "prompt is too long: 250000 tokens > 200000 maximum"}},
+            status=400)
+
+    client = make_client(await serve(handler))
+    try:
+        with pytest.raises(PromptTooLong) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=2)
+    finally:
+        await client.close()
+    assert len(calls) == 2  # the 500 was retried, the 400 was not
+    assert "prompt is too long: 250000 tokens" in str(failed.value)
+
+
+async def test_the_servers_own_refusal_is_passed_on_as_it_is(serve: Any) -> None:
+    async def handler(req: web.Request) -> web.StreamResponse:
+        return web.json_response({"type": "error", "error": {"type": "permission_error", "message": (
+            "this session's maxBudgetUsd is spent")}}, status=403, headers={"x-ashd-refusal": "turn_budget"})
+
+    client = make_client(await serve(handler))
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=3)
+    finally:
+        await client.close()
+    assert failed.value.refusal == "turn_budget"
+    assert str(failed.value) == "model call refused by the server (403): this session's maxBudgetUsd is spent"
+
+
+async def test_a_body_that_is_not_json_is_still_told(serve: Any) -> None:
+    async def handler(req: web.Request) -> web.StreamResponse:
+        return web.Response(text="upstream gateway broke", status=401)
+
+    client = make_client(await serve(handler))
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+    finally:
+        await client.close()
+    assert str(failed.value).startswith("model API rejected the API key (401)")
+
+
+async def test_a_stream_that_is_not_json_fails_the_call_and_says_so(serve: Any) -> None:
+    async def handler(req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(req)
+        await resp.write(event(START) + b"event: content_block_start\ndata: {not json\n\n")
+        await resp.write_eof()
+        return resp
+
+    client = make_client(await serve(handler))
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+    finally:
+        await client.close()
+    assert "model API call failed" in str(failed.value) and "not JSON" in str(failed.value)
+
+
+async def test_no_model_proxy_is_told_as_unreachable(tmp_path: Path) -> None:
+    client = make_client(str(tmp_path / "absent.sock"))
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+    finally:
+        await client.close()
+    assert str(failed.value).startswith("could not reach the model API: Connection error")
+
+
+async def test_a_connection_cut_mid_stream_is_unreachable_and_not_retried_after_events(serve: Any) -> None:
+    calls: list[int] = []
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        calls.append(1)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(req)
+        await resp.write(event(START))
+        assert req.transport is not None
+        req.transport.abort()
+        return resp
+
+    client = make_client(await serve(handler))
+    seen: list[dict[str, Any]] = []
+
+    async def on_event(ev: dict[str, Any]) -> None:
+        seen.append(ev)
+
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=on_event, max_retries=3)
+    finally:
+        await client.close()
+    assert len(calls) == 1 and [e["type"] for e in seen] == ["message_start"]  # sent on: no retry
+    assert str(failed.value).startswith("could not reach the model API")
