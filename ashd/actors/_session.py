@@ -24,6 +24,7 @@ from ashd.actors._aio import Later, spawn_on_loop
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.actors._staged import OnLoop, Stage, StagedActor, staged
+from ashd.actors._turn import EVENT_BLOCK
 from ashd.errors import (
     BadRequest,
     Conflict,
@@ -396,13 +397,14 @@ class SessionActor(StagedActor):
             assert self.handle is not None
             self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
         assert self.handle is not None
-        yield self.deps.sessions.add_user_message_soon(self.session_id, self.tenant, content, attachments)
+        _, first_event = yield self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content,
+                                                                  attachments, EVENT_BLOCK)
         live_config, self._live_changes = self._live_changes, None
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                                "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
                                meter=self.handle.meter,
                                cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None,
-                               live_config=live_config)
+                               live_config=live_config, first_event=first_event)
         return self.turn
 
     # --- live config ---------------------------------------------------------------------------

@@ -79,6 +79,8 @@ class TurnTicket:
     cpu_at_start: float | None = None  # the sandbox's CPU seconds when the turn began (cgroup accounting)
     # The session's config changes (PATCH .../config) the live bridge has not seen: sent with the query.
     live_config: dict[str, Any] | None = None
+    # The first of the event ids reserved with the user message (`EVENT_BLOCK` of them), or None.
+    first_event: int | None = None
 
     def compute_seconds(self) -> float:
         """CPU time the sandbox used during the turn (every process in it, tools included); the

@@ -33,7 +33,7 @@ from ashd.storage import EventRecord, Sessions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_BLOCK = 64
+EVENT_BLOCK = 64  # event ids reserved at a time (the first block with the turn's user message)
 _FLUSH_INTERVAL = 0.05
 _FLUSH_EVENTS = 128
 _RETRY_FIRST, _RETRY_MAX = 0.1, 2.0
@@ -128,15 +128,17 @@ def typed_events(data: dict[str, Any], tool_names: dict[str, str] | None = None)
 
 
 class TurnRecorder:
-    def __init__(self, sessions: Sessions, session_id: str, tenant: str, limits: TurnLimits = UNLIMITED) -> None:
+    def __init__(self, sessions: Sessions, session_id: str, tenant: str, limits: TurnLimits = UNLIMITED,
+                 first_event: int | None = None) -> None:
         self._sessions = sessions
         self.session_id = session_id
         self.tenant = tenant
         self.limits = limits
         self.counted_bytes = 0  # an upper bound of what this turn stores (see `_account`)
         self.counted_events = 0
-        self._next = 0
-        self._end = 0  # exclusive end of the reserved block
+        # The reserved block of event ids, [_next, _end): the first one comes with the user message.
+        self._next = first_event or 0
+        self._end = self._next + EVENT_BLOCK if first_event is not None else 0
         self._messages: list[tuple[str, str]] = []
         self._events: list[EventRecord] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -148,9 +150,9 @@ class TurnRecorder:
 
     async def _seq(self) -> int:
         if self._next >= self._end:
-            self._next = await retrying(lambda: self._sessions.reserve_events(self.session_id, _BLOCK),
+            self._next = await retrying(lambda: self._sessions.reserve_events(self.session_id, EVENT_BLOCK),
                                         self.limits.retry_seconds, "reserving event ids", self.session_id)
-            self._end = self._next + _BLOCK
+            self._end = self._next + EVENT_BLOCK
         seq = self._next
         self._next += 1
         return seq

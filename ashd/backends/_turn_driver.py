@@ -48,7 +48,7 @@ class TurnDriver:
 
     async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float) -> None:
         """Drive one turn to the end whatever the reader does; stored before `done` is sent."""
-        recorder = TurnRecorder(self.sessions, ticket.session_id, ticket.tenant, self.limits)
+        recorder = TurnRecorder(self.sessions, ticket.session_id, ticket.tenant, self.limits, ticket.first_event)
         first_event_ms: float | None = None
         count = 0
         stopped = False  # past a storage bound: the bridge winds the query down, nothing more is kept

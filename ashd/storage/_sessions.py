@@ -54,7 +54,8 @@ _USER_MESSAGE_UPDATE: Update = update(_SESSIONS).where(_SESSIONS.c.id == bindpar
     next_message_seq=_SESSIONS.c.next_message_seq + 1,
     last_active_at=bindparam("_now", type_=_SESSIONS.c.last_active_at.type), turn_open=True,
     message_count=_SESSIONS.c.message_count + 1, stored_bytes=_SESSIONS.c.stored_bytes + bindparam("_size"),
-).returning(_SESSIONS.c.next_message_seq)
+    next_event_seq=_SESSIONS.c.next_event_seq + bindparam("_events"),
+).returning(_SESSIONS.c.next_message_seq, _SESSIONS.c.next_event_seq)
 
 
 class SessionHeldElsewhere(Conflict):
@@ -304,16 +305,19 @@ class Sessions:
         """Store a prompt. `attachments` (what the message named, as `{id, filename, mimeType, size,
         path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
         are linked to this one."""
-        return await self.db.run_tx(self._user_message_tx(session_id, tenant, content, attachments))
+        tx = self._user_message_tx(session_id, tenant, content, attachments, 0)
+        return (await self.db.run_tx(lambda s: tx(s)[0]))
 
-    def add_user_message_soon(self, session_id: str, tenant: str, content: Any,
-                              attachments: Sequence[dict[str, Any]] = ()) -> Future[int] | Awaitable[int]:
-        """`add_user_message` started now from an actor's thread (see `transition_soon`)."""
-        tx = self._user_message_tx(session_id, tenant, content, attachments)
+    def begin_turn_soon(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
+                        events: int) -> Future[tuple[int, int]] | Awaitable[tuple[int, int]]:
+        """`add_user_message` started now from an actor's thread (see `transition_soon`), which also
+        reserves the turn's first `events` event ids in the same statement: the turn's first frame
+        then needs no write of its own before it is sent. Gives (message sequence, first event id)."""
+        tx = self._user_message_tx(session_id, tenant, content, attachments, events)
         return self.db.submit_tx(tx) or self.db.run_tx(tx)
 
-    def _user_message_tx(self, session_id: str, tenant: str, content: Any,
-                         attachments: Sequence[dict[str, Any]]) -> Callable[[SyncSession], int]:
+    def _user_message_tx(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
+                         events: int) -> Callable[[SyncSession], tuple[int, int]]:
         now = utcnow()
         record: dict[str, Any] = {"type": "user", "content": content}
         if attachments:
@@ -321,21 +325,22 @@ class Sessions:
         body = json.dumps(record)
         message_id = new_id()
 
-        def run(s: SyncSession) -> int:
+        def run(s: SyncSession) -> tuple[int, int]:
             # Core statements, the sequence allocated by the same UPDATE that counts the message: on
             # the path of every message, and the ORM's bulk-update bookkeeping cost more than the SQL.
             conn = s.connection()
-            seq = conn.execute(_USER_MESSAGE_UPDATE, {"_id": session_id, "_now": now,
-                                                      "_size": _size(body)}).scalar_one_or_none()
-            if seq is None:
+            row = conn.execute(_USER_MESSAGE_UPDATE, {"_id": session_id, "_now": now, "_size": _size(body),
+                                                      "_events": events}).one_or_none()
+            if row is None:
                 raise NotFound(f"Session {session_id} not found")
+            seq, last_event = int(row[0]), int(row[1])
             conn.execute(_INSERT_MESSAGE, {"id": message_id, "session_id": session_id, "tenant_id": tenant,
                                            "role": "user", "content": body, "sequence": seq, "created_at": now})
             if attachments:
                 s.execute(update(Attachment).where(
                     Attachment.id.in_([a["id"] for a in attachments]), Attachment.session_id == session_id,
                     Attachment.message_id.is_(None)).values(message_id=message_id))
-            return int(seq)
+            return seq, last_event - events + 1
 
         return run
 

@@ -6,8 +6,10 @@ PostgreSQL too; these are the quick ones scripts/mutation runs for every mutant 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +230,28 @@ async def test_a_prompt_opens_the_turn_and_links_its_attachments(db: Database) -
     assert json.loads(second["content"])["attachments"] == shown
     assert await _attachments(db) == {"att-1": (row.id, second["id"]), "att-old": (row.id, "earlier-message"),
                                       "att-other": ("s-0", None), "att-later": ("s-z", None)}
+    assert await _held(sessions) == held
+
+
+async def test_a_turns_prompt_reserves_its_first_event_ids_in_the_same_write(db: Database) -> None:
+    """The ids a turn's first frames get come with its user message (no write of their own before the
+    first frame is sent); they never overlap ids reserved before or after, nor another session's."""
+    sessions = Sessions(db)
+    held = await _neighbours(sessions)
+    row = await sessions.insert(Session(id="s-5", tenant_id="t", agent_name="a", status="active"))
+
+    async def begin(session_id: str, content: str) -> tuple[int, int]:
+        started = sessions.begin_turn_soon(session_id, "t", content, (), 64)  # as an actor's thread starts it
+        return await (asyncio.wrap_future(started) if isinstance(started, Future) else started)
+
+    before = await sessions.reserve_events(row.id, 3)  # say, a lifecycle event's ids
+    seq, first = await begin(row.id, "hi")
+    assert (seq, first) == (1, before + 3)
+    assert await sessions.reserve_events(row.id, 1) == first + 64  # the next block starts after it
+    seq2, first2 = await begin(row.id, "again")
+    assert (seq2, first2) == (2, first + 65)
+    with pytest.raises(NotFound):
+        await begin("s-gone", "hi")
     assert await _held(sessions) == held
 
 
