@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.storage._database import Database
@@ -62,6 +62,10 @@ class ModelCallRecord:
 _CALLS = cast(Table, ModelCall.__table__)
 _SESSIONS = cast(Table, Session.__table__)
 _USAGE = cast(Table, UsageEvent.__table__)
+_ALLOCATE = (update(_SESSIONS).where(_SESSIONS.c.id == bindparam("_id"))
+             .values(next_model_call_seq=_SESSIONS.c.next_model_call_seq + bindparam("_count"))
+             .returning(_SESSIONS.c.next_model_call_seq))
+_INSERT_CALLS, _INSERT_USAGE = insert(_CALLS), insert(_USAGE)
 _USAGE_FIELDS = (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
                  ("cache_creation_tokens", "cache_creation_tokens"), ("cache_read_tokens", "cache_read_tokens"),
                  ("cost_usd", "cost_usd"))
@@ -99,23 +103,20 @@ async def store_model_calls(db: Database, records: Sequence[ModelCallRecord]) ->
         by_session[rec.session_id].append(rec)
 
     def run(s: SyncSession) -> None:
+        conn = s.connection()  # Core statements built once: stored before every turn's `done`
         calls: list[dict[str, Any]] = []
         usage: list[dict[str, Any]] = []
         for session_id in sorted(by_session):
             recs = sorted(by_session[session_id], key=lambda r: r.created_at)
-            last = s.execute(
-                update(_SESSIONS).where(_SESSIONS.c.id == session_id)
-                .values(next_model_call_seq=_SESSIONS.c.next_model_call_seq + len(recs))
-                .returning(_SESSIONS.c.next_model_call_seq)
-            ).scalar_one_or_none()
+            last = conn.execute(_ALLOCATE, {"_id": session_id, "_count": len(recs)}).scalar_one_or_none()
             # A session row that is gone still gets its calls stored (sequence 0): spend is never dropped.
             first = int(last) - len(recs) + 1 if last is not None else 0
             for i, rec in enumerate(recs):
                 calls.append(_call_row(rec, first + i if last is not None else 0))
                 usage.extend(_usage_rows(rec))
-        s.execute(insert(_CALLS), calls)
+        conn.execute(_INSERT_CALLS, calls)
         if usage:
-            s.execute(insert(_USAGE), usage)
+            conn.execute(_INSERT_USAGE, usage)
 
     await db.run_tx(run)
 

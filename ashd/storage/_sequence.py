@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
-from sqlalchemy import update
+from sqlalchemy import Table, Update, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 from sqlalchemy.orm import Session as SyncSession
 
@@ -24,13 +24,20 @@ async def allocate(db: OrmSession, session_id: str, kind: Literal["message", "ev
     return int(last) - count + 1
 
 
+_SESSIONS = cast(Table, Session.__table__)
+_COLUMNS = {"message": _SESSIONS.c.next_message_seq, "event": _SESSIONS.c.next_event_seq,
+            "log": _SESSIONS.c.next_log_seq}
+# Built once, with bind parameters: on the path of every turn and every stored log line, where
+# building the ORM statement (and its cache key) each time cost more than the SQL.
+_ALLOCATE: dict[str, Update] = {
+    kind: update(_SESSIONS).where(_SESSIONS.c.id == bindparam("_id"))
+    .values({column: column + bindparam("_count")}).returning(column)
+    for kind, column in _COLUMNS.items()}
+
+
 def allocate_sync(db: SyncSession, session_id: str, kind: Literal["message", "event", "log"], count: int = 1) -> int:
     """`allocate` for transactions run with `Database.run_tx`."""
-    column = {"message": Session.next_message_seq, "event": Session.next_event_seq,
-              "log": Session.next_log_seq}[kind]
-    last = db.execute(
-        update(Session).where(Session.id == session_id).values({column: column + count}).returning(column)
-    ).scalar_one_or_none()
+    last = db.connection().execute(_ALLOCATE[kind], {"_id": session_id, "_count": count}).scalar_one_or_none()
     if last is None:
         raise NotFound(f"Session {session_id} not found")
     return int(last) - count + 1
