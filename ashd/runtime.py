@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ import pykka
 from ashd._bootstrap import sandbox_owner_id
 from ashd._signals import StopStep
 from ashd.actors import (
+    Activity,
     DispatchConfig,
     LivenessConfig,
     LogTails,
@@ -125,6 +126,9 @@ class LocalSessions:
     backend: LocalBackend
     owner_id: str = ""  # stamped on the sessions whose sandboxes these are (`sandbox_owner_id`)
     webhooks: WebhookDispatcher | None = None
+    # The requests in flight on the front ends that reach these sessions (counted by their
+    # middleware): the pool starts its spares in the quiet moments between them.
+    activity: Activity = field(default_factory=Activity)
 
 
 class _LostSandboxes:
@@ -187,7 +191,8 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     tails = LogTails(SessionLogs(parts.db, settings.session_log_lines))
     stops.append(("session logs", tails.close))
     lost = _LostSandboxes(asyncio.get_running_loop())
-    pool = await _start_pool(settings, launcher, snapshots, lost, warmer)
+    activity = Activity()
+    pool = await _start_pool(settings, launcher, snapshots, lost, warmer, activity)
     registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer, webhooks,
                                             tails, runner_id))
     lost.registry = registry
@@ -199,7 +204,8 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
 
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
     stops.append(("pool actor", lambda: stop_actor(pool.ref, settings.actor_timeout_seconds)))
-    return LocalSessions(launcher, snapshots, board, model_proxy, pool, registry, backend, owner_id, webhooks)
+    return LocalSessions(launcher, snapshots, board, model_proxy, pool, registry, backend, owner_id, webhooks,
+                         activity)
 
 
 def start_runner_liveness(settings: Settings, db: Database, metrics: Metrics,
@@ -285,7 +291,7 @@ def _start_snapshots(settings: Settings, board: SnapshotBoard, stops: list[tuple
 
 
 async def _start_pool(settings: Settings, launcher: SandboxLauncher, snapshots: Any,
-                      on_lost: Callable[[SandboxLost], None], warmer: Warmer) -> PoolRef:
+                      on_lost: Callable[[SandboxLost], None], warmer: Warmer, activity: Activity) -> PoolRef:
     limits = sandbox_limits(settings)
 
     def spec_for(sandbox_id: str, network: bool) -> SandboxSpec:
@@ -300,7 +306,7 @@ async def _start_pool(settings: Settings, launcher: SandboxLauncher, snapshots: 
         PoolConfig(max_capacity=capacity, prewarm=min(settings.prewarm, capacity),
                    idle_timeout=float(settings.idle_timeout_seconds),
                    shutdown_grace=min(2.0, settings.shutdown_grace_seconds)),
-        launcher, spec_for, snapshot_now, on_lost, warmer,
+        launcher, spec_for, snapshot_now, on_lost, warmer, activity,
     )
     proxy = ref.proxy()
     return PoolRef(ref, proxy, await call(proxy.board, settings.actor_timeout_seconds))

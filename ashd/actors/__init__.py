@@ -1,5 +1,6 @@
 """Actors (pykka) and the one asyncio↔actor bridge (`_aio`)."""
 
+from ashd.actors._activity import Activity
 from ashd.actors._aio import AioActor, Later, call, pipe_to_actor, spawn_on_loop, stop_actor, tell_loop
 from ashd.actors._board import EMPTY_POOL_STATS, StatsBoard
 from ashd.actors._liveness import LivenessConfig, RunnerLiveness
@@ -20,6 +21,7 @@ from ashd.actors._webhooks import DispatchConfig, WebhookDispatcher, sign
 __all__ = [
     "EMPTY_POOL_STATS",
     "LOCAL_POOL_STAT",
+    "Activity",
     "AioActor",
     "CreateRequest",
     "DispatchConfig",

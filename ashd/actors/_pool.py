@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pykka
 
+from ashd.actors._activity import Activity
 from ashd.actors._aio import AioActor
 from ashd.actors._board import StatsBoard
 from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, SandboxLost
@@ -97,9 +98,11 @@ class PoolActor(AioActor):
         snapshot: Callable[[str, Any], None] | None,
         on_lost: Callable[[SandboxLost], None],
         warmer: Any = None,
+        activity: Activity | None = None,
     ) -> None:
         super().__init__()
         self._warmer = warmer  # loop-side preparation of warm sandboxes (connection, model proxy)
+        self._activity = activity  # the front end's requests: a spare's start waits for a quiet moment
         self.config = config
         self.board = StatsBoard({})
         self._launcher = launcher
@@ -112,6 +115,9 @@ class PoolActor(AioActor):
         # Separate from the workers: a destroy (on a worker) may wait for a start to finish.
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-starter")
         self._stopping = threading.Event()
+        # Set when a claim found no spare (a burst, or the pool is stopping): a spare waiting for a
+        # quiet moment starts at once, the next claim needs it.
+        self._hurry = threading.Event()
         self._sweeper: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -123,6 +129,7 @@ class PoolActor(AioActor):
 
     def on_stop(self) -> None:
         self._stopping.set()
+        self._hurry.set()
         entries = list(self._entries.values())
         self._entries.clear()
         self._publish()
@@ -179,6 +186,7 @@ class PoolActor(AioActor):
                 self._publish()
                 self._refill_later()
                 return self._handle(starting, prewarmed=False)
+        self._hurry.set()
         self._make_room()
         entry = self._launch(network, seccomp, disk_bytes)
         self._assign(entry, tenant, session_id, PoolState.WARMING)
@@ -433,6 +441,13 @@ class PoolActor(AioActor):
         """Starter thread: a pre-warmed sandbox made off the actor, then handed back (`_started`)."""
         if self._stopping.is_set():
             return None
+        if self._activity is not None:
+            # A spare is for the next claim, not this request: its start's CPU would be taken from the
+            # requests running now (the claim's own session first of all). See `_activity.py`.
+            self._activity.wait_quiet(stop=self._hurry)
+            if self._stopping.is_set():
+                return None
+            self._hurry.clear()
         try:
             proc = self._prepare_and_launch(entry, None)
         except Exception as exc:  # noqa: BLE001 - told to the actor, which drops the entry

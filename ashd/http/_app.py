@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ashd.components import Components
+from ashd.http._activity import activity_middleware
 from ashd.http._auth import auth_middleware
 from ashd.http._errors import error_middleware
 from ashd.http._key_cache import KeyCache
@@ -41,10 +43,11 @@ ROUTE_MODULES: list[str] = [
 
 def build_app(components: Components) -> web.Application:
     settings = components.settings
-    app = web.Application(
-        middlewares=[error_middleware, auth_middleware, strict_query_middleware, storage_guard_middleware],
-        client_max_size=settings.max_body_bytes,
-    )
+    middlewares: list[Middleware] = [error_middleware, auth_middleware, strict_query_middleware,
+                                     storage_guard_middleware]
+    if components.local is not None:  # this process runs sessions: its pool waits for quiet moments
+        middlewares.insert(0, activity_middleware(components.local.activity))
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[COMPONENTS] = components
     app[KEY_CACHE] = KeyCache()
     app[RATE_LIMITER] = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
+from ashd.actors import Activity
 from ashd.backends import DRAINING_HEADER, Message, NewSession, SessionBackend
 from ashd.errors import BadRequest, Unauthorized, Unavailable
+from ashd.http._activity import activity_middleware
 from ashd.http._errors import error_middleware
 from ashd.http._file_response import send_file
 from ashd.http._json import body_object, ok, opt_str, req_str
@@ -38,6 +40,7 @@ class RunnerApiState:
     max_body_bytes: int
     draining: bool = False
     started: float = field(default=0.0)
+    activity: Activity | None = None  # the runner's sessions' requests (see `Activity`)
 
 
 STATE: web.AppKey[RunnerApiState] = web.AppKey("runner_state")
@@ -61,7 +64,10 @@ async def secret_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def build_runner_app(state: RunnerApiState) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, secret_middleware], client_max_size=state.max_body_bytes)
+    middlewares: list[Middleware] = [error_middleware, secret_middleware]
+    if state.activity is not None:
+        middlewares.insert(0, activity_middleware(state.activity))
+    app = web.Application(middlewares=middlewares, client_max_size=state.max_body_bytes)
     app[STATE] = state
     app.add_routes(routes)
     return app

@@ -34,7 +34,8 @@ class LocalPoolRunner:
         self.identity = identity
         self._every = heartbeat_seconds
         self._grace = grace_seconds
-        self.state = RunnerApiState(local.backend, secret, identity.runner_id, local.pool.board.read, max_body_bytes)
+        self.state = RunnerApiState(local.backend, secret, identity.runner_id, local.pool.board.read, max_body_bytes,
+                                    activity=local.activity)
         self._site_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
 

@@ -68,7 +68,7 @@ class RunnerProcess:
                                      coordinator_id())
         local = self.local = await runtime.start(parts, self._stops, runner_id=self.runner_id)
         self.state = RunnerApiState(local.backend, secret, self.runner_id, local.pool.board.read,
-                                    settings.max_body_bytes * 2)
+                                    settings.max_body_bytes * 2, activity=local.activity)
         self._site_runner = web.AppRunner(build_runner_app(self.state), handle_signals=False, access_log=None,
                                           shutdown_timeout=settings.shutdown_grace_seconds)
         await self._site_runner.setup()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from ashd import runtime as runtime_module
+from ashd.actors import Activity
 from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
@@ -34,14 +35,15 @@ ASK = 30.0
 class Pool:
     """A started PoolActor and what it told the outside (losses, snapshots), in order."""
 
-    def __init__(self, launcher: PlainLauncher, config: PoolConfig, warmer: Warmer | None = None) -> None:
+    def __init__(self, launcher: PlainLauncher, config: PoolConfig, warmer: Warmer | None = None,
+                 activity: Activity | None = None) -> None:
         self.launcher = launcher
         self.full_disk = False  # snapshots fail with StorageFull while set
         self.snapshot_error: Exception | None = None  # any other snapshot failure, while set
         self.refused: list[str] = []  # sessions whose snapshot the full disk refused
         self.lost: queue.Queue[SandboxLost] = queue.Queue()
         self.log: list[tuple[str, str]] = []
-        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost, warmer)
+        self.ref = PoolActor.start(config, launcher, self._spec, self._snapshot, self._on_lost, warmer, activity)
         self.actor = self.ref.proxy()
 
     def _spec(self, sandbox_id: str, network: bool) -> SandboxSpec:
@@ -97,7 +99,7 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
     made: list[Pool] = []
 
     def make(disk_quota: bool = False, launch_failure: Exception | None = None, bridge: bool = False,
-             warmer: Warmer | None = None, hold_launches: bool = False,
+             warmer: Warmer | None = None, activity: Activity | None = None, hold_launches: bool = False,
              hold_bridges: bool = False, **config: Any) -> Pool:
         # Before the pool starts: its first spares are launched at once.
         if hold_launches:
@@ -109,7 +111,7 @@ def make_pool(short_tmp: Path) -> Iterator[Callable[..., Pool]]:
         launcher.bridge = bridge
         values: dict[str, Any] = {"max_capacity": 4, "prewarm": 0, "idle_timeout": 3600.0, "shutdown_grace": 1.0}
         values.update(config)
-        pool = Pool(launcher, PoolConfig(**values), warmer)
+        pool = Pool(launcher, PoolConfig(**values), warmer, activity)
         made.append(pool)
         return pool
 
@@ -777,3 +779,44 @@ def test_stopping_the_pool_returns_once_every_sandbox_is_torn_down(make_pool: Ca
     pool.launcher.destroy_gate.set()
     stopper.join(60)
     assert [sorted(ids) for ids in torn_down] == [sorted(pool.launcher.procs)]
+
+
+def test_a_replacement_spare_waits_for_the_requests_in_flight(make_pool: Callable[..., Pool]) -> None:
+    """A spare is for the next claim: it starts once the requests running now are done, not beside
+    the claim's own session start and first message."""
+    activity = Activity(quiet_s=0.01, at_most_s=60.0)
+    pool = make_pool(prewarm=1, activity=activity)
+    pool.wait_counts({"warm": 1})  # no request in flight: the first spare starts at once
+    activity.begin()  # the create that claims it, still answering
+    handle = pool.claim("t", "s1")
+    assert handle.prewarmed
+    time.sleep(0.3)
+    assert pool.launcher.launches == 1 and pool.counts() == {"waiting": 1, "cold": 1}
+    activity.end()
+    pool.wait_counts({"waiting": 1, "warm": 1})
+    assert pool.launcher.launches == 2
+
+
+def test_a_busy_server_still_gets_its_spare(make_pool: Callable[..., Pool]) -> None:
+    activity = Activity(quiet_s=0.01, at_most_s=0.2)
+    pool = make_pool(prewarm=1, activity=activity)
+    pool.wait_counts({"warm": 1})
+    activity.begin()  # a stream that stays open
+    pool.claim("t", "s1")
+    pool.wait_counts({"waiting": 1, "warm": 1})  # after at most 0.2 s, busy or not
+    assert activity.in_flight == 1
+
+
+def test_a_claim_that_finds_no_spare_hurries_the_waiting_one(make_pool: Callable[..., Pool]) -> None:
+    """A burst: the second create of a busy moment launches its own sandbox, and the spare that
+    waited for quiet starts at once, for the third."""
+    activity = Activity(quiet_s=0.01, at_most_s=60.0)
+    pool = make_pool(prewarm=1, activity=activity)
+    pool.wait_counts({"warm": 1})
+    activity.begin()
+    pool.ready(pool.claim("t", "s1"))
+    fresh = pool.claim("t", "s2")
+    assert not fresh.prewarmed
+    pool.ready(fresh)
+    pool.wait_counts({"waiting": 2, "warm": 1})  # still busy: the spare did not wait the 60 s
+    assert pool.launcher.launches == 3
