@@ -5,8 +5,8 @@ client's transport and connection machinery, the engine's tools and prompts, the
 decoding). In a fresh process that is many ms of a session's first message, and each sandbox's
 bridge built its own copy (private memory). Run once in the zygote before it forks, the work is
 inherited by every sandbox's bridge and shared copy-on-write. One streamed request through the
-model client and one turn of the built-in engine, both answered by an in-process transport: no
-network, no model.
+model client and one turn of the built-in engine, both answered by a unix socket of this process
+(so the client's whole path is warm, its transport's connect included): no network, no model.
 
 A bridge forked from the zygote shares those pages until it writes them, and a turn writes many
 (reference counts, caches): about 7 MiB of copy-on-write faults, several ms of a session's first
@@ -19,17 +19,16 @@ it: its warm-up would only compete with the session's own start on the same core
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx2
-
-from ashd.bridge.engine._model import ModelClient, call_model
+from ashd.bridge.engine._model import ModelClient, call_model, make_client
 
 _EVENTS: list[dict[str, Any]] = [
     {"type": "message_start", "message": {"id": "msg_warm", "type": "message", "role": "assistant", "model": "warm",
@@ -66,11 +65,35 @@ _TEXT_EVENTS: list[dict[str, Any]] = [
 _TEXT_BODY = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in _TEXT_EVENTS).encode()
 
 
-def _client(body: bytes) -> ModelClient:
-    def answer(_request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+@contextlib.asynccontextmanager
+async def _model_socket(body: bytes) -> AsyncIterator[str]:
+    """A unix socket in this process that answers every request with `body` as an event stream: the
+    warm-up's requests take the real client's whole path (connect, HTTP/1.1, chunks, events), as a
+    turn's do through the model proxy's socket."""
 
-    return ModelClient(httpx2.AsyncClient(transport=httpx2.MockTransport(answer)), "http://warm-up")
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                             + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    with tempfile.TemporaryDirectory(prefix="ashd-warm-") as folder:
+        path = str(Path(folder) / "model.sock")
+        server = await asyncio.start_unix_server(answer, path)
+        try:
+            yield path
+        finally:
+            server.close()
+            await server.wait_closed()
 
 
 async def _quiet(*_args: Any) -> None:
@@ -78,20 +101,31 @@ async def _quiet(*_args: Any) -> None:
 
 
 async def _one_turn() -> None:
-    from ashd.bridge.engine import Engine, EngineConfig, QueryOptions
+    from ashd.bridge.engine import Engine, EngineConfig
 
-    with tempfile.TemporaryDirectory(prefix="ashd-warm-") as workspace:
-        config = EngineConfig.from_init({"systemPrompt": "warm"}, Path(workspace), None)
-        engine = Engine(config, _quiet, client=_client(_TEXT_BODY))
-        await engine.start()
-        try:
-            await engine.query("warm", emit=_quiet, options=QueryOptions())
-        finally:
-            await engine.close()
+    async with _model_socket(_TEXT_BODY) as socket:
+        with tempfile.TemporaryDirectory(prefix="ashd-warm-") as workspace:
+            config = EngineConfig.from_init({"systemPrompt": "warm"}, Path(workspace), None)
+            await _engine_turn(Engine(config, _quiet, client=make_client(socket)))
+
+
+async def _engine_turn(engine: Any) -> None:
+    from ashd.bridge.engine import QueryOptions
+
+    await engine.start()
+    try:
+        await engine.query("warm", emit=_quiet, options=QueryOptions())
+    finally:
+        await engine.close()
 
 
 async def _one_request() -> None:
-    client = _client(_BODY)
+    async with _model_socket(_BODY) as socket:
+        client = make_client(socket)
+        await _request(client)
+
+
+async def _request(client: ModelClient) -> None:
     try:
         await call_model(client, {
             "model": "warm-up", "max_tokens": 16,
@@ -112,8 +146,8 @@ async def _both() -> None:
 
 
 def warm() -> None:
-    """One streamed request through the model client and one engine turn, answered in process;
-    raises what it meets."""
+    """One streamed request through the model client and one engine turn, answered by a unix
+    socket of this process; raises what it meets."""
     asyncio.run(_both())
 
 
