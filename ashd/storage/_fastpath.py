@@ -13,11 +13,12 @@ round trips are cheap and the pool gives concurrency).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as SyncSession
@@ -33,12 +34,38 @@ class SqliteWriter:
         url = make_url(async_url).set(drivername="sqlite")
         self.engine: Engine = create_sync_engine(url, pool_size=1, max_overflow=0)
         install_sqlite_pragmas(self.engine)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        # The writer thread's one connection, kept between transactions: checking a connection out of
+        # the pool and back, and an ORM session's own transaction around it, cost more than the
+        # statements of a transition (125 -> 77 us a transaction, measured; docs/performance.md).
+        self._conn: Connection | None = None
 
     def _run(self, fn: Callable[[SyncSession], T]) -> T:
-        with self._sessions() as s, s.begin():
-            return fn(s)
+        conn = self._conn
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._conn = self.engine.connect()
+        try:
+            with conn.begin():  # BEGIN IMMEDIATE (install_sqlite_pragmas); committed unless fn raises
+                # The session joins the connection's transaction: it flushes into it and never ends it.
+                s = SyncSession(bind=conn, expire_on_commit=False)
+                try:
+                    result = fn(s)
+                    s.flush()
+                finally:
+                    s.close()
+            return result
+        except BaseException:
+            if conn.invalidated or conn.in_transaction() or _driver_in_transaction(conn):
+                self._drop()  # a commit or rollback that failed: the next transaction gets a new one
+            raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+            with contextlib.suppress(Exception):
+                conn.close()
 
     async def run(self, fn: Callable[[SyncSession], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, fn)
@@ -50,9 +77,22 @@ class SqliteWriter:
         return self._thread.submit(wrap, lambda: self._run(fn))
 
     def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already shut down
+            self._thread.submit(self._close_conn).result()  # on its own thread, as it was used
         self._thread.shutdown(wait=True)
         self.engine.dispose()
 
+    def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _driver_in_transaction(conn: Connection) -> bool:
+    try:
+        return bool(conn.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a connection that cannot even say is not kept
+        return True
 
 
 class SqliteReader:
