@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -22,7 +23,6 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as SyncSession
-from sqlalchemy.orm import sessionmaker
 
 from ashd.storage._engine import READ_ONLY, install_sqlite_pragmas
 
@@ -102,16 +102,42 @@ class SqliteReader:
         url = make_url(async_url).set(drivername="sqlite")
         self.engine: Engine = create_sync_engine(url, pool_size=threads, max_overflow=0)
         install_sqlite_pragmas(self.engine)
-        self._sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
+        self._read_only = self.engine.execution_options(**{READ_ONLY: True})  # BEGIN DEFERRED
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqlite-reader")
+        # Each reader thread keeps its connection between reads, as the writer does.
+        self._local = threading.local()
+        self._held: list[Connection] = []
+        self._lock = threading.Lock()
 
     def _run(self, fn: Callable[[SyncSession], T]) -> T:
-        with self._sessions() as s:  # rolled back at the end: it wrote nothing
-            return fn(s)
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._local.conn = self._read_only.connect()
+            with self._lock:
+                self._held.append(conn)
+        try:
+            with conn.begin() as transaction:
+                s = SyncSession(bind=conn, expire_on_commit=False)
+                try:
+                    return fn(s)
+                finally:
+                    s.close()
+                    transaction.rollback()  # it wrote nothing: the snapshot is let go
+        except BaseException:
+            if conn.invalidated or conn.in_transaction() or _driver_in_transaction(conn):
+                self._local.conn = None
+                with contextlib.suppress(Exception):
+                    conn.invalidate()
+            raise
 
     async def run(self, fn: Callable[[SyncSession], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, self._run, fn)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+        with self._lock:
+            held, self._held = self._held, []
+        for conn in held:  # pysqlite connections of a file database may be closed from any thread
+            with contextlib.suppress(Exception):
+                conn.close()
         self.engine.dispose()
