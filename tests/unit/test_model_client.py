@@ -42,6 +42,35 @@ def event(data: dict[str, Any], name: str | None = None) -> bytes:
     return f"event: {name or data['type']}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+async def failure(socket: str, *, retries: int = 0, on_event: Any = None) -> ModelError:
+    """The ModelError a call through `socket` ends with (the client closed after)."""
+    client = make_client(socket)
+    try:
+        with pytest.raises(ModelError) as failed:
+            await call_model(client, PARAMS, betas=[], on_event=on_event, max_retries=retries)
+    finally:
+        await client.close()
+    return failed.value
+
+
+def streaming(*chunks: bytes, abort: bool = False) -> Handler:
+    """A handler answering with an event stream of `chunks`, then its end (or a cut connection)."""
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(req)
+        for chunk in chunks:
+            await resp.write(chunk)
+        if abort:
+            assert req.transport is not None
+            req.transport.abort()
+        else:
+            await resp.write_eof()
+        return resp
+
+    return handler
+
+
 async def test_a_stream_is_sent_as_the_api_wants_it_and_read_into_the_final_message(serve: Any) -> None:
     seen: list[tuple[dict[str, str], Any]] = []
 
@@ -87,21 +116,9 @@ async def test_a_stream_is_sent_as_the_api_wants_it_and_read_into_the_final_mess
 
 
 async def test_an_error_event_mid_stream_is_told_with_the_apis_words(serve: Any) -> None:
-    async def handler(req: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(req)
-        await resp.write(event(START))
-        await resp.write(event({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
-        await resp.write_eof()
-        return resp
-
-    client = make_client(await serve(handler))
-    try:
-        with pytest.raises(ModelError) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
-    finally:
-        await client.close()
-    assert str(failed.value) == "model API overloaded (529): Overloaded"
+    error = event({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    failed = await failure(await serve(streaming(event(START), error)))
+    assert str(failed) == "model API overloaded (529): Overloaded"
 
 
 async def test_a_refused_request_says_why_and_is_retried_only_when_worth_it(serve: Any) -> None:
@@ -116,14 +133,10 @@ async def test_a_refused_request_says_why_and_is_retried_only_when_worth_it(serv
             "type": "invalid_request_error", "message": "prompt is too long: 250000 tokens > 200000 maximum"}},
             status=400)
 
-    client = make_client(await serve(handler))
-    try:
-        with pytest.raises(PromptTooLong) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=2)
-    finally:
-        await client.close()
+    failed = await failure(await serve(handler), retries=2)
+    assert isinstance(failed, PromptTooLong)
     assert len(calls) == 2  # the 500 was retried, the 400 was not
-    assert "prompt is too long: 250000 tokens" in str(failed.value)
+    assert "prompt is too long: 250000 tokens" in str(failed)
 
 
 async def test_the_servers_own_refusal_is_passed_on_as_it_is(serve: Any) -> None:
@@ -131,78 +144,43 @@ async def test_the_servers_own_refusal_is_passed_on_as_it_is(serve: Any) -> None
         return web.json_response({"type": "error", "error": {"type": "permission_error", "message": (
             "this session's maxBudgetUsd is spent")}}, status=403, headers={"x-ashd-refusal": "turn_budget"})
 
-    client = make_client(await serve(handler))
-    try:
-        with pytest.raises(ModelError) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=3)
-    finally:
-        await client.close()
-    assert failed.value.refusal == "turn_budget"
-    assert str(failed.value) == "model call refused by the server (403): this session's maxBudgetUsd is spent"
+    failed = await failure(await serve(handler), retries=3)
+    assert failed.refusal == "turn_budget"
+    assert str(failed) == "model call refused by the server (403): this session's maxBudgetUsd is spent"
 
 
 async def test_a_body_that_is_not_json_is_still_told(serve: Any) -> None:
     async def handler(req: web.Request) -> web.StreamResponse:
         return web.Response(text="upstream gateway broke", status=401)
 
-    client = make_client(await serve(handler))
-    try:
-        with pytest.raises(ModelError) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
-    finally:
-        await client.close()
-    assert str(failed.value).startswith("model API rejected the API key (401)")
+    failed = await failure(await serve(handler))
+    assert str(failed).startswith("model API rejected the API key (401)")
 
 
 async def test_a_stream_that_is_not_json_fails_the_call_and_says_so(serve: Any) -> None:
-    async def handler(req: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(req)
-        await resp.write(event(START) + b"event: content_block_start\ndata: {not json\n\n")
-        await resp.write_eof()
-        return resp
-
-    client = make_client(await serve(handler))
-    try:
-        with pytest.raises(ModelError) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
-    finally:
-        await client.close()
-    assert "model API call failed" in str(failed.value) and "not JSON" in str(failed.value)
+    broken = b"event: content_block_start\ndata: {not json\n\n"
+    failed = await failure(await serve(streaming(event(START), broken)))
+    assert "model API call failed" in str(failed) and "not JSON" in str(failed)
 
 
 async def test_no_model_proxy_is_told_as_unreachable(tmp_path: Path) -> None:
-    client = make_client(str(tmp_path / "absent.sock"))
-    try:
-        with pytest.raises(ModelError) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
-    finally:
-        await client.close()
-    assert str(failed.value).startswith("could not reach the model API: Connection error")
+    failed = await failure(str(tmp_path / "absent.sock"))
+    assert str(failed).startswith("could not reach the model API: Connection error")
 
 
 async def test_a_connection_cut_mid_stream_is_unreachable_and_not_retried_after_events(serve: Any) -> None:
     calls: list[int] = []
+    cut = streaming(event(START), abort=True)
 
     async def handler(req: web.Request) -> web.StreamResponse:
         calls.append(1)
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(req)
-        await resp.write(event(START))
-        assert req.transport is not None
-        req.transport.abort()
-        return resp
+        return await cut(req)
 
-    client = make_client(await serve(handler))
     seen: list[dict[str, Any]] = []
 
     async def on_event(ev: dict[str, Any]) -> None:
         seen.append(ev)
 
-    try:
-        with pytest.raises(ModelError) as failed:
-            await call_model(client, PARAMS, betas=[], on_event=on_event, max_retries=3)
-    finally:
-        await client.close()
+    failed = await failure(await serve(handler), retries=3, on_event=on_event)
     assert len(calls) == 1 and [e["type"] for e in seen] == ["message_start"]  # sent on: no retry
-    assert str(failed.value).startswith("could not reach the model API")
+    assert str(failed).startswith("could not reach the model API")
