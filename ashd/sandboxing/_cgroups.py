@@ -268,14 +268,17 @@ class CgroupTree:
 
     def create(self, sandbox_id: str, limits: SandboxLimits) -> SandboxCgroup:
         dirs = {name: parent / sandbox_id for name, parent in self.parent_dirs().items()}
-        for attempt in range(3):
+        attempts = 10
+        for attempt in range(attempts):
             try:
                 for d in dirs.values():
                     d.mkdir(exist_ok=True)
                 break
             except FileNotFoundError:
-                # Our empty parent was swept by another service's start-up (sweep_empty_parents).
-                if attempt == 2:
+                # Our empty parent was swept by another service's start-up (sweep_empty_parents): a
+                # host starting many services at once can sweep it again between our set-up and the
+                # mkdir, so a few attempts (each a few microseconds) before giving up.
+                if attempt == attempts - 1:
                     raise
                 self.setup()
         quota = max(1000, int(limits.cpu_cores * CPU_PERIOD_US))
