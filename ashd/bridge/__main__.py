@@ -1,7 +1,7 @@
 """`python -m ashd.bridge --socket /run/ashd/bridge.sock [--model-socket ...] [--workspace ...]`.
 
-`main(argv)` is also what a fork server (zygote) calls after pre-importing the model client and engine. Imports stay
-light at module level: the engine modules are imported when `main` runs.
+`main(argv)` is also what a fork server (zygote) calls after pre-importing the model client and
+engine. Imports stay light at module level: the engine modules are imported when `main` runs.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ashd.bridge.engine._model import ModelClient, call_model, make_client
+from ashd.bridge.engine._model import call_model, make_client
 
 _EVENTS: list[dict[str, Any]] = [
     {"type": "message_start", "message": {"id": "msg_warm", "type": "message", "role": "assistant", "model": "warm",
@@ -101,43 +101,35 @@ async def _quiet(*_args: Any) -> None:
 
 
 async def _one_turn() -> None:
-    from ashd.bridge.engine import Engine, EngineConfig
+    from ashd.bridge.engine import Engine, EngineConfig, QueryOptions
 
     async with _model_socket(_TEXT_BODY) as socket:
         with tempfile.TemporaryDirectory(prefix="ashd-warm-") as workspace:
             config = EngineConfig.from_init({"systemPrompt": "warm"}, Path(workspace), None)
-            await _engine_turn(Engine(config, _quiet, client=make_client(socket)))
-
-
-async def _engine_turn(engine: Any) -> None:
-    from ashd.bridge.engine import QueryOptions
-
-    await engine.start()
-    try:
-        await engine.query("warm", emit=_quiet, options=QueryOptions())
-    finally:
-        await engine.close()
+            engine = Engine(config, _quiet, client=make_client(socket))
+            await engine.start()
+            try:
+                await engine.query("warm", emit=_quiet, options=QueryOptions())
+            finally:
+                await engine.close()
 
 
 async def _one_request() -> None:
     async with _model_socket(_BODY) as socket:
         client = make_client(socket)
-        await _request(client)
-
-
-async def _request(client: ModelClient) -> None:
-    try:
-        await call_model(client, {
-            "model": "warm-up", "max_tokens": 16,
-            "system": [{"type": "text", "text": "warm", "cache_control": {"type": "ephemeral"}}],
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "warm"}]},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "warm", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
-            "tools": [{"name": "warm", "description": "warm", "input_schema": {"type": "object", "properties": {}}}],
-        }, betas=["warm-up"], on_event=_quiet, max_retries=0)
-    finally:
-        await client.close()
+        try:
+            await call_model(client, {
+                "model": "warm-up", "max_tokens": 16,
+                "system": [{"type": "text", "text": "warm", "cache_control": {"type": "ephemeral"}}],
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "warm"}]},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "warm", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+                "tools": [{"name": "warm", "description": "warm",
+                           "input_schema": {"type": "object", "properties": {}}}],
+            }, betas=["warm-up"], on_event=_quiet, max_retries=0)
+        finally:
+            await client.close()
 
 
 async def _both() -> None:

@@ -45,17 +45,9 @@ class SqliteWriter:
         if conn is None or conn.closed or conn.invalidated:
             conn = self._conn = self.engine.connect()
         try:
-            with conn.begin():  # BEGIN IMMEDIATE (install_sqlite_pragmas); committed unless fn raises
-                # The session joins the connection's transaction: it flushes into it and never ends it.
-                s = SyncSession(bind=conn, expire_on_commit=False)
-                try:
-                    result = fn(s)
-                    s.flush()
-                finally:
-                    s.close()
-            return result
+            return _joined(conn, fn, write=True)
         except BaseException:
-            if conn.invalidated or conn.in_transaction() or _driver_in_transaction(conn):
+            if _unusable(conn):
                 self._drop()  # a commit or rollback that failed: the next transaction gets a new one
             raise
 
@@ -88,7 +80,28 @@ class SqliteWriter:
             conn.close()
 
 
-def _driver_in_transaction(conn: Connection) -> bool:
+def _joined(conn: Connection, fn: Callable[[SyncSession], T], *, write: bool) -> T:
+    """`fn` in an ORM session that joins one transaction of the kept connection (BEGIN IMMEDIATE for
+    the writer, DEFERRED for a reader: `install_sqlite_pragmas`): the session flushes into it and
+    never ends it. The writer's is committed unless `fn` raises; a read is rolled back (it wrote
+    nothing: its snapshot is let go)."""
+    with conn.begin() as transaction:
+        s = SyncSession(bind=conn, expire_on_commit=False)
+        try:
+            result = fn(s)
+            if write:
+                s.flush()
+        finally:
+            s.close()
+        if not write:
+            transaction.rollback()
+    return result
+
+
+def _unusable(conn: Connection) -> bool:
+    """A connection a failed commit or rollback left in a transaction (or invalid) is not kept."""
+    if conn.invalidated or conn.in_transaction():
+        return True
     try:
         return bool(conn.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - a connection that cannot even say is not kept
@@ -116,15 +129,9 @@ class SqliteReader:
             with self._lock:
                 self._held.append(conn)
         try:
-            with conn.begin() as transaction:
-                s = SyncSession(bind=conn, expire_on_commit=False)
-                try:
-                    return fn(s)
-                finally:
-                    s.close()
-                    transaction.rollback()  # it wrote nothing: the snapshot is let go
+            return _joined(conn, fn, write=False)
         except BaseException:
-            if conn.invalidated or conn.in_transaction() or _driver_in_transaction(conn):
+            if _unusable(conn):
                 self._local.conn = None
                 with contextlib.suppress(Exception):
                     conn.invalidate()

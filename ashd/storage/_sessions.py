@@ -306,7 +306,7 @@ class Sessions:
         path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
         are linked to this one."""
         tx = self._user_message_tx(session_id, tenant, content, attachments, 0)
-        return (await self.db.run_tx(lambda s: tx(s)[0]))
+        return await self.db.run_tx(lambda s: tx(s)[0])
 
     def begin_turn_soon(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
                         events: int) -> Future[tuple[int, int]] | Awaitable[tuple[int, int]]:

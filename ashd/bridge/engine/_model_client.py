@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx2
 
+OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 API_VERSION = "2023-06-01"
 DEFAULT_TIMEOUT = httpx2.Timeout(600.0, connect=10.0)
 
@@ -85,7 +86,7 @@ class ModelClient:
         self._url = base_url.rstrip("/") + "/v1/messages"
 
     async def stream(self, params: dict[str, Any], betas: list[str],
-                     on_event: Callable[[dict[str, Any]], Awaitable[None] | None]) -> None:
+                     on_event: OnEvent) -> None:
         """Send `params` as a streamed request; `on_event` gets each event (`ping` left out) in order.
         An `error` event ends the stream with an `ApiStatusError`."""
         # The model proxy replaces the key with the session's real credential.
@@ -108,7 +109,7 @@ class ModelClient:
         await self._http.aclose()
 
 
-async def _read_events(resp: httpx2.Response, on_event: Callable[[dict[str, Any]], Awaitable[None] | None]) -> None:
+async def _read_events(resp: httpx2.Response, on_event: OnEvent) -> None:
     """Server-sent events: `data:` lines (joined by newlines) end at a blank line; `event:` names it."""
     event = ""
     data: list[str] = []
@@ -130,7 +131,7 @@ async def _read_events(resp: httpx2.Response, on_event: Callable[[dict[str, Any]
 
 
 async def _dispatch(event: str, data: str, resp: httpx2.Response,
-                    on_event: Callable[[dict[str, Any]], Awaitable[None] | None]) -> None:
+                    on_event: OnEvent) -> None:
     try:
         parsed = json.loads(data)
     except ValueError as exc:
@@ -144,9 +145,7 @@ async def _dispatch(event: str, data: str, resp: httpx2.Response,
         raise ApiStatusError(f"Error in the model stream: {parsed}", status, resp.headers, parsed)
     if not isinstance(parsed, dict):
         raise ApiError(f"the model stream sent an event that is not an object: {data[:200]!r}")
-    result = on_event(parsed)
-    if result is not None:
-        await result
+    await on_event(parsed)
 
 
 def make_client(model_socket: str | None, base_url: str = "http://model-proxy") -> ModelClient:
