@@ -4,7 +4,8 @@ A request handler is a generator method decorated with `@staged`. Where it needs
 loop (a database call, a bridge request) it yields the coroutine, or `OnLoop(coro, timeout)`, and
 the result comes back as the value of the `yield` (an exception is raised there). A
 `concurrent.futures.Future` may be yielded too: work already running on a thread of its own (a
-SQLite write on the writer thread), whose outcome is told to the actor from that thread. Between those
+SQLite write on the writer thread), whose outcome is told to the actor from that thread; one already
+resolved (a short SQLite transaction the actor's thread ran itself) is taken at once. Between those
 stages the actor's thread is free: the work is piped to the loop (`_aio.pipe_to_actor`), its
 outcome returns as a message, and requests that arrive meanwhile wait in arrival order (stashed)
 until the running one has answered. So the requests of one actor stay serialised, each with one
@@ -106,16 +107,22 @@ class StagedActor(AioActor):
     def _advance(self, result: Any, error: BaseException | None) -> None:
         request = self._running
         assert request is not None
-        try:
-            work = request.steps.throw(error) if error is not None else request.steps.send(result)
-        except StopIteration as done:
-            self._running = None
-            _answer(request.reply, done.value)
-            return
-        except Exception as exc:  # noqa: BLE001 - the request's answer is its error
-            self._running = None
-            request.reply.set_exception(exc)
-            return
+        while True:
+            try:
+                work = request.steps.throw(error) if error is not None else request.steps.send(result)
+            except StopIteration as done:
+                self._running = None
+                _answer(request.reply, done.value)
+                return
+            except Exception as exc:  # noqa: BLE001 - the request's answer is its error
+                self._running = None
+                request.reply.set_exception(exc)
+                return
+            if not (isinstance(work, concurrent.futures.Future) and work.done()):
+                break
+            # Work that already ran on this thread (a direct SQLite transaction): go on at once.
+            error = work.exception()
+            result = None if error is not None else work.result()
         self._stage += 1
         if isinstance(work, concurrent.futures.Future):
             # Work already started on a thread of its own (the SQLite writer): its outcome comes back

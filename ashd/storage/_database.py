@@ -14,13 +14,17 @@ from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import Unavailable
+from ashd.storage._direct import CoreStatements, Statements
 from ashd.storage._engine import READ_ONLY, create_engine, normalise_url, sessionmaker
 from ashd.storage._failures import storage_failure
-from ashd.storage._fastpath import SqliteReader, SqliteWriter
+from ashd.storage._fastpath import SqliteReader, SqliteWriter, WriterBusy, WriterClosed
 from ashd.storage._migrate import migrate
 from ashd.storage._models import Meta
 
 T = TypeVar("T")
+# How long a transaction run on an actor's own thread waits for the database before it goes to the
+# writer thread instead: longer than the writer's usual transaction, far shorter than a stall.
+INLINE_WAIT_MS = 20
 
 
 class Database:
@@ -61,12 +65,48 @@ class Database:
         """`fn(session)` as one transaction started now on SQLite's writer thread, from any thread (an
         actor's); its future resolves there. None where there is no writer thread (PostgreSQL, an
         in-memory database): await `run_tx` on the loop instead."""
-        if self._writer is None:
+        writer = self._writer
+        if writer is None:
             return None
+        return self._submitted(lambda: writer.submit(fn, _mapped_call))
+
+    @staticmethod
+    def _submitted(submit: Callable[[], Future[T]]) -> Future[T]:
         try:
-            return self._writer.submit(fn, _mapped_call)
+            return submit()
         except RuntimeError as exc:  # the writer thread is shut down: the server is stopping
             raise Unavailable("the service is shutting down; try again") from exc
+
+    async def run_direct(self, fn: Callable[[Statements], T]) -> T:
+        """`fn(statements)` as one transaction of prebuilt statements (`_direct.py`): on the SQLite
+        writer thread, or through the async engine (PostgreSQL, an in-memory database)."""
+        try:
+            if self._writer is not None:
+                return await self._writer.run_direct(fn)
+            async with self._sessions() as s, s.begin():
+                return await s.run_sync(lambda sync: fn(CoreStatements(sync.connection())))
+        except Exception as exc:
+            _raise_mapped(exc)
+            raise
+
+    def direct_here(self, fn: Callable[[Statements], T]) -> Future[T] | None:
+        """`fn(statements)` as one transaction, on SQLite: run now on the calling thread (an actor's)
+        when the database is free within `INLINE_WAIT_MS` (a future already resolved), else handed to
+        the writer thread (a future it resolves), so that a stalled database holds up no actor. None
+        where there is no writer (await `run_direct` instead)."""
+        writer = self._writer
+        if writer is None:
+            return None
+        done: Future[T] = Future()
+        try:
+            done.set_result(_mapped_call(lambda: writer.direct(fn, wait_ms=INLINE_WAIT_MS)))
+        except WriterBusy:
+            return self._submitted(lambda: writer.submit_direct(fn, _mapped_call))
+        except WriterClosed:  # the server is stopping
+            done.set_exception(Unavailable("the service is shutting down; try again"))
+        except Exception as exc:  # noqa: BLE001 - the future carries the error to its reader
+            done.set_exception(exc)
+        return done
 
     @classmethod
     async def open(cls, url: str) -> Database:

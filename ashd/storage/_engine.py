@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 
 # Execution option of the connections a read-only session uses (`Database.read`): BEGIN DEFERRED.
 READ_ONLY = "ashd_read_only"
+BUSY_TIMEOUT_MS = 10_000
 
 
 def normalise_url(url: str) -> str:
@@ -56,7 +57,7 @@ def install_sqlite_pragmas(sync_engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 

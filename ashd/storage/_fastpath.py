@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,9 +25,21 @@ from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as SyncSession
 
-from ashd.storage._engine import READ_ONLY, install_sqlite_pragmas
+from ashd.storage._direct import SqliteStatements, Statements
+from ashd.storage._engine import BUSY_TIMEOUT_MS, READ_ONLY, install_sqlite_pragmas
 
 T = TypeVar("T")
+
+
+_SQLITE_BUSY = 5
+
+
+class WriterClosed(RuntimeError):
+    """The writer was closed: the server is stopping."""
+
+
+class WriterBusy(Exception):
+    """The database was not free within the time a transaction run inline may wait for it."""
 
 
 class SqliteWriter:
@@ -39,17 +52,66 @@ class SqliteWriter:
         # the pool and back, and an ORM session's own transaction around it, cost more than the
         # statements of a transition (125 -> 77 us a transaction, measured; docs/performance.md).
         self._conn: Connection | None = None
+        # Held for each transaction on that connection, by the writer thread or by another thread that
+        # runs a short one itself (`direct`): one writer at a time, as SQLite has anyway.
+        self._lock = threading.Lock()
+        self._closed = False
 
-    def _run(self, fn: Callable[[SyncSession], T]) -> T:
+    def _connection(self) -> Connection:
+        if self._closed:
+            raise WriterClosed("the SQLite writer is closed")
         conn = self._conn
         if conn is None or conn.closed or conn.invalidated:
             conn = self._conn = self.engine.connect()
+        return conn
+
+    def _run(self, fn: Callable[[SyncSession], T]) -> T:
+        with self._lock:
+            conn = self._connection()
+            try:
+                return _joined(conn, fn, write=True)
+            except BaseException:
+                if _unusable(conn):
+                    self._drop()  # a commit or rollback that failed: the next transaction gets a new one
+                raise
+
+    def direct(self, fn: Callable[[Statements], T], *, wait_ms: int | None = None) -> T:
+        """`fn` as one transaction of prebuilt statements on the driver's connection (`_direct.py`),
+        on the calling thread. With `wait_ms`, WriterBusy when the database is not this thread's
+        within that long (the writer thread, another connection or process holds it): an actor
+        running a transition itself does not wait behind a stalled database; it hands the
+        transaction to the writer thread instead (`Database.direct_here`)."""
+        if not self._lock.acquire(timeout=-1 if wait_ms is None else wait_ms / 1000):
+            raise WriterBusy("the SQLite writer is busy")
         try:
-            return _joined(conn, fn, write=True)
-        except BaseException:
-            if _unusable(conn):
-                self._drop()  # a commit or rollback that failed: the next transaction gets a new one
-            raise
+            conn = self._connection()
+            raw = conn.connection.driver_connection
+            assert isinstance(raw, sqlite3.Connection)
+            try:
+                _begin_immediate(raw, wait_ms)
+                try:
+                    result = fn(SqliteStatements(raw))
+                except BaseException:
+                    if raw.in_transaction:
+                        raw.execute("ROLLBACK")
+                    raise
+                raw.execute("COMMIT")
+                return result
+            except WriterBusy:
+                raise
+            except BaseException:
+                if _unusable(conn):
+                    self._drop()
+                raise
+        finally:
+            self._lock.release()
+
+    def submit_direct(self, fn: Callable[[Statements], T], wrap: Callable[[Callable[[], T]], T]) -> Future[T]:
+        """`direct` on the writer thread, waiting as long as it takes (see `submit`)."""
+        return self._thread.submit(wrap, lambda: self.direct(fn))
+
+    async def run_direct(self, fn: Callable[[Statements], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self.direct, fn)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -75,9 +137,26 @@ class SqliteWriter:
         self.engine.dispose()
 
     def _close_conn(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+
+def _begin_immediate(raw: sqlite3.Connection, wait_ms: int | None) -> None:
+    if wait_ms is None:
+        raw.execute("BEGIN IMMEDIATE")
+        return
+    raw.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
+    try:
+        raw.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF == _SQLITE_BUSY:
+            raise WriterBusy("the database is locked by another writer") from exc
+        raise
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
 def _joined(conn: Connection, fn: Callable[[SyncSession], T], *, write: bool) -> T:

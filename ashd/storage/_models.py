@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -27,7 +28,7 @@ from sqlalchemy import (
     false,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, class_mapper, mapped_column
 
 
 def utcnow() -> dt.datetime:
@@ -45,6 +46,17 @@ def iso(value: dt.datetime | None) -> str | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.UTC)
     return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+Model = TypeVar("Model", bound="Base")
+
+
+def from_row(cls: type[Model], values: Mapping[str, Any]) -> Model:
+    """An instance holding `values` as the database returned them, built without the ORM's
+    per-attribute events (a session row: 20 -> 1 us): a detached copy, never added to an ORM session."""
+    instance: Model = class_mapper(cls).class_manager.new_instance()
+    instance.__dict__.update(values)
+    return instance
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):

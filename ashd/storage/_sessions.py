@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import Conflict, NotFound
 from ashd.storage._database import Database
-from ashd.storage._models import Agent, Attachment, Message, Session, SessionEvent, iso, new_id, utcnow
+from ashd.storage._direct import Statements
+from ashd.storage._models import Agent, Attachment, Message, Session, SessionEvent, from_row, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
 
 _SESSIONS = cast(Table, Session.__table__)
@@ -34,9 +35,9 @@ def _transition_update(columns: tuple[str, ...], fenced: bool) -> Update:
     statement, and its cache key, cost more than SQLite takes to run it (docs/performance.md)."""
     c = _SESSIONS.c
     statement = update(_SESSIONS).where(c.id == bindparam("_id"))
-    if fenced:
+    if fenced:  # the statuses as literals, not an IN list: one SQL string, compiled once (`_direct.py`)
         statement = statement.where(or_(c.runner_id == bindparam("_fence"), c.runner_id.is_(None),
-                                        c.status.notin_(LIVE_STATUSES)))
+                                        and_(*(c.status != status for status in LIVE_STATUSES))))
     return statement.values(
         status=bindparam("_status"), updated_at=bindparam("_now", type_=c.updated_at.type),
         next_event_seq=c.next_event_seq + 1, event_count=c.event_count + 1,
@@ -45,6 +46,7 @@ def _transition_update(columns: tuple[str, ...], fenced: bool) -> Update:
     ).returning(*c)
 
 
+_SESSION_HOLDER = select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == bindparam("_id"))
 _AGENT_EXISTS = select(_AGENTS.c.id).where(_AGENTS.c.tenant_id == bindparam("_tenant"),
                                            _AGENTS.c.name == bindparam("_agent"))
 _INSERT_EVENT: Insert = insert(_EVENTS)
@@ -202,20 +204,20 @@ class Sessions:
         and write nothing (a warm resume checks its agent this way, in the same transaction, instead
         of a lookup of its own before it).
         """
-        return await self.db.run_tx(self._transition_tx(session_id, tenant, status, action, extra, fence, agent,
-                                                        values))
+        return await self.db.run_direct(self._transition_tx(session_id, tenant, status, action, extra, fence, agent,
+                                                            values))
 
     def transition_soon(self, session_id: str, tenant: str, status: str, action: str, *,
                         extra: dict[str, Any] | None = None, fence: str | None = None, agent: str | None = None,
                         **values: Any) -> Future[Session] | Awaitable[Session]:
-        """`transition`, started now from an actor's thread: a future the SQLite writer thread
-        resolves (no trip through the loop), or, without a writer thread, the coroutine to await."""
+        """`transition`, from an actor's thread: on SQLite run there and then (a resolved future: no
+        crossing to another thread and back), else the coroutine to await on the loop."""
         tx = self._transition_tx(session_id, tenant, status, action, extra, fence, agent, values)
-        return self.db.submit_tx(tx) or self.db.run_tx(tx)
+        return self.db.direct_here(tx) or self.db.run_direct(tx)
 
     def _transition_tx(self, session_id: str, tenant: str, status: str, action: str, extra: dict[str, Any] | None,
                        fence: str | None, agent: str | None,
-                       values: dict[str, Any]) -> Callable[[SyncSession], Session]:
+                       values: dict[str, Any]) -> Callable[[Statements], Session]:
         now = utcnow()
         data = json.dumps({"action": action, "status": status, **(extra or {})})
         if self.owner_id and values.get("sandbox_id"):
@@ -227,21 +229,20 @@ class Sessions:
         if fence is None:
             del params["_fence"]
 
-        def run(s: SyncSession) -> Session:
-            conn = s.connection()  # Core on the session's transaction: the ORM adds nothing here
-            if agent is not None and conn.execute(_AGENT_EXISTS, {"_tenant": tenant, "_agent": agent}).first() is None:
+        def run(x: Statements) -> Session:
+            if agent is not None and not x.rows(_AGENT_EXISTS, {"_tenant": tenant, "_agent": agent}):
                 raise NotFound(f"Agent {agent} not found")
-            mapping = conn.execute(statement, params).mappings().one_or_none()
-            if mapping is None:
-                holder = conn.execute(select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == session_id)).one_or_none()
-                if holder is None:
+            updated = x.rows(statement, params)
+            if not updated:
+                holder = x.rows(_SESSION_HOLDER, {"_id": session_id})
+                if not holder:
                     raise NotFound(f"Session {session_id} not found")
-                raise SessionHeldElsewhere(f"Session {session_id} now runs on runner {holder[0]}; this runner's "
-                                           "copy of it is stale and was let go")
-            conn.execute(_INSERT_EVENT, {"id": new_id(), "session_id": session_id, "tenant_id": tenant,
-                                         "type": "lifecycle", "data": data, "sequence": mapping["next_event_seq"],
-                                         "created_at": now})
-            return Session(**dict(mapping))
+                raise SessionHeldElsewhere(f"Session {session_id} now runs on runner {holder[0]['runner_id']}; "
+                                           "this runner's copy of it is stale and was let go")
+            x.run(_INSERT_EVENT, {"id": new_id(), "session_id": session_id, "tenant_id": tenant,
+                                  "type": "lifecycle", "data": data, "sequence": updated[0]["next_event_seq"],
+                                  "created_at": now})
+            return from_row(Session, updated[0])
 
         return run
 
