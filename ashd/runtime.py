@@ -42,6 +42,7 @@ from ashd.actors import (
     Warmer,
     WebhookDispatcher,
     call,
+    count_pool_resume,
     default_capacity,
     snapshot_proxy,
     stop_actor,
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # Server variables a sandbox may inherit; everything else of the server's environment stays out.
 ENV_ALLOWLIST = ("LANG", "LC_ALL", "TZ")
+STATUS_CHANGED = "session.status_changed"
 
 
 @dataclass
@@ -163,7 +165,8 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     settings = parts.settings
     launcher = await _start_launcher(settings, stops)
     board = SnapshotBoard()
-    snapshots = _start_snapshots(settings, board, stops)
+    activity = Activity()  # the front end's requests in flight: what can wait, waits for a quiet moment
+    snapshots = _start_snapshots(settings, board, activity, stops)
     model_proxy = _model_proxy(parts)
     stops.append(("model proxy", model_proxy.close))
     webhooks = start_webhooks(parts, stops)
@@ -172,7 +175,7 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     sessions = Sessions(parts.db, owner_id)
 
     async def orphan_paused(tenant: str, session_id: str, agent: str, before: str) -> None:
-        await webhooks.emit(tenant, "session.status_changed",
+        await webhooks.emit(tenant, STATUS_CHANGED,
                             status_event(session_id, agent, before, "paused", "paused", {"reason": "restart"}))
 
     # Only what this process owned: another server or runner on the same database keeps its live
@@ -191,10 +194,9 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     tails = LogTails(SessionLogs(parts.db, settings.session_log_lines))
     stops.append(("session logs", tails.close))
     lost = _LostSandboxes(asyncio.get_running_loop())
-    activity = Activity()
     pool = await _start_pool(settings, launcher, snapshots, lost, warmer, activity)
     registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer, webhooks,
-                                            tails, runner_id))
+                                            tails, runner_id, pool.board))
     lost.registry = registry
     bundles = BundleConfig(Path(settings.data_dir), settings.snapshot_max_mb * 1024 * 1024,
                            latest_snapshot(snapshots, settings.actor_timeout_seconds))
@@ -277,14 +279,15 @@ async def _start_launcher(settings: Settings, stops: list[tuple[str, StopStep]])
     return launcher
 
 
-def _start_snapshots(settings: Settings, board: SnapshotBoard, stops: list[tuple[str, StopStep]]) -> Any:
+def _start_snapshots(settings: Settings, board: SnapshotBoard, activity: Activity,
+                     stops: list[tuple[str, StopStep]]) -> Any:
     remote = None
     if settings.snapshot_url:
         from ashd.storage import store_from_url
 
         remote = store_from_url(settings.snapshot_url, settings.snapshots_keep)
     ref = SnapshotActor.start(settings.data_path / "snapshots", remote, keep=settings.snapshots_keep,
-                              max_bytes=settings.snapshot_max_mb * 1024 * 1024, board=board)
+                              max_bytes=settings.snapshot_max_mb * 1024 * 1024, board=board, activity=activity)
 
     stops.append(("snapshot actor", lambda: stop_actor(ref, settings.actor_timeout_seconds)))
     return snapshot_proxy(ref)
@@ -314,13 +317,15 @@ async def _start_pool(settings: Settings, launcher: SandboxLauncher, snapshots: 
 
 def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots: Any, model_proxy: ModelProxy,
                   warmer: Warmer, webhooks: WebhookDispatcher, tails: LogTails | None = None,
-                  runner_id: str | None = None) -> SessionDeps:
+                  runner_id: str | None = None, pool_board: StatsBoard | None = None) -> SessionDeps:
     settings = parts.settings
     loop = asyncio.get_running_loop()
 
     def on_status(tenant: str, session_id: str, agent: str, before: str | None, after: str, action: str,
                   extra: dict[str, Any]) -> None:  # on an actor's thread: hand over, never wait
-        loop.call_soon_threadsafe(webhooks.emit_soon, tenant, "session.status_changed",
+        if webhooks.store.known_unheard(tenant, STATUS_CHANGED):
+            return  # no hook listens: no wake-up of the loop beside the transition's answer
+        loop.call_soon_threadsafe(webhooks.emit_soon, tenant, STATUS_CHANGED,
                                   status_event(session_id, agent, before, after, action, extra))
 
     def decrypt_env(blob: bytes | None, session_id: str) -> dict[str, str]:
@@ -328,6 +333,8 @@ def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots:
         return dict(value) if isinstance(value, dict) else {}
 
     def count_resume(path: str, session_id: str, agent_name: str) -> None:
+        if pool_board is not None:
+            count_pool_resume(pool_board, path)
         parts.metrics.count_resume(path)
         emit_line({"type": "resume_hit", "path": path, "sessionId": session_id, "agentName": agent_name,
                    "ts": iso(utcnow())})

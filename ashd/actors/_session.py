@@ -165,7 +165,6 @@ class SessionActor(StagedActor):
         self.row = yield from self._transition("active", "resumed", extra=extra,
                                                sandbox_id=self.handle.sandbox_id if self.handle else "", error=None,
                                                agent=row.agent_name if path == "warm" else None, **owner)
-        self.deps.pool.count_resume(path)
         self.deps.count_resume(path, self.session_id, row.agent_name)
         view = session_json(self.row)
         if path == "cold":
@@ -319,9 +318,9 @@ class SessionActor(StagedActor):
         yield from self._pausable_row()
         self.row = yield from self._transition("paused", "paused")
         if self.handle is not None and self.deps.snapshots is not None:
-            # Off the request path, and only once the status is stored: the snapshot actor's tar work
-            # would otherwise compete with the transition for the interpreter.
-            self.deps.snapshots.snapshot(self.session_id, self.handle.paths.workspace)
+            # Off the request path, once the status is stored, in a quiet moment: the snapshot actor's
+            # tar work would otherwise compete with this answer and the next requests for the interpreter.
+            self.deps.snapshots.snapshot_soon(self.session_id, self.handle.paths.workspace)
         return session_json(self.row)
 
     @staged

@@ -11,7 +11,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from ashd.actors._aio import call
+from ashd.actors._activity import Activity
+from ashd.actors._aio import call, stop_actor
 from ashd.actors._snapshot import SnapshotActor, SnapshotProxy, snapshot_proxy
 from ashd.errors import NotFound
 from ashd.storage._files import list_files
@@ -167,3 +168,63 @@ async def test_an_unchanged_workspace_is_not_snapshotted_again(tmp_path: Path) -
     await call(actor.delete("s1"), TIMEOUT)  # what is deleted is not answered with afterwards
     fourth = await call(actor.snapshot("s1", ws), TIMEOUT)
     assert fourth.path.is_file() and fourth.key not in (first.key, second.key, third.key)
+
+
+def _keys(data: Path, session_id: str) -> list[str]:
+    directory = data / "snapshots" / session_id
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+async def test_a_pause_snapshot_waits_for_a_quiet_moment_but_never_behind_a_read(tmp_path: Path) -> None:
+    """`snapshot_soon` (a pause's): not taken while requests are in flight; taken at once when
+    anything else about that session is asked first (a read sees it, a restore restores it); taken
+    when the front end goes quiet; dropped by a delete; taken by a stopping actor."""
+    activity = Activity(quiet_s=0.005, at_most_s=3600)  # only quiet counts here, never the bound
+    data = tmp_path / "data"
+    ref = SnapshotActor.start(data / "snapshots", keep=5, activity=activity)
+    actor = snapshot_proxy(ref)
+    ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "paused")
+    activity.begin()  # a request in flight
+
+    await call(actor.snapshot_soon("s1", ws), TIMEOUT)
+    await asyncio.sleep(0.1)
+    assert _keys(data, "s1") == []  # owed, not taken: the front end is busy
+    reader = await call(actor.reader("s1"), TIMEOUT)  # ... but a read of the session takes it first
+    assert reader is not None
+    with reader:
+        assert reader.read_for_json("src/main.py") == "print('paused')\n"
+    assert len(_keys(data, "s1")) == 1
+
+    (ws / "src" / "main.py").write_text("print('restored')\n")
+    await call(actor.snapshot_soon("s1", ws), TIMEOUT)
+    dest = tmp_path / "sandboxes" / "y" / "workspace"
+    assert await call(actor.restore("s1", dest), TIMEOUT) is True  # a cold resume gets the owed state
+    assert (dest / "src" / "main.py").read_text() == "print('restored')\n"
+
+    ws2 = make_workspace(tmp_path / "sandboxes" / "z" / "workspace", "gone")
+    await call(actor.snapshot_soon("s2", ws2), TIMEOUT)
+    await call(actor.delete("s2"), TIMEOUT)  # a purge: what was owed is not taken afterwards
+
+    ws3 = make_workspace(tmp_path / "sandboxes" / "q" / "workspace", "quiet")
+    await call(actor.snapshot_soon("s3", ws3), TIMEOUT)
+    activity.end()  # quiet from now on
+    deadline = time.monotonic() + TIMEOUT
+    while not _keys(data, "s3"):
+        assert time.monotonic() < deadline, "an owed snapshot was never taken once the front end was quiet"
+        await asyncio.sleep(0.01)
+    assert _keys(data, "s2") == []
+
+    activity.begin()
+    ws4 = make_workspace(tmp_path / "sandboxes" / "w" / "workspace", "stopping")
+    await call(actor.snapshot_soon("s4", ws4), TIMEOUT)
+    await stop_actor(ref, TIMEOUT)  # a server that stops still stores what its pauses promised
+    assert len(_keys(data, "s4")) == 1
+
+
+async def test_without_an_activity_a_pause_snapshot_is_taken_at_once(tmp_path: Path) -> None:
+    actor = start(tmp_path / "data")
+    ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "now")
+    await call(actor.snapshot_soon("s1", ws), TIMEOUT)
+    assert len(_keys(tmp_path / "data", "s1")) == 1
+    await call(actor.snapshot_soon("s1", tmp_path / "no-workspace"), TIMEOUT)  # logged, not raised
+    assert len(_keys(tmp_path / "data", "s1")) == 1
