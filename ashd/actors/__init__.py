@@ -5,6 +5,7 @@ from ashd.actors._aio import AioActor, Later, call, pipe_to_actor, spawn_on_loop
 from ashd.actors._board import EMPTY_POOL_STATS, StatsBoard
 from ashd.actors._liveness import LivenessConfig, RunnerLiveness
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
+from ashd.actors._pool import count_resume as count_pool_resume
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._queue import QueueActor, QueueConfig, QueueService, RunItem
 from ashd.actors._runners import LOCAL_POOL_STAT, RunnerInfo, RunnerRegistryActor, choose
@@ -56,6 +57,7 @@ __all__ = [
     "WebhookDispatcher",
     "call",
     "choose",
+    "count_pool_resume",
     "default_capacity",
     "pipe_to_actor",
     "retrying",

@@ -110,7 +110,7 @@ class PoolActor(AioActor):
         self._snapshot = snapshot  # (session_id, workspace path) -> None; blocking
         self._on_lost = on_lost
         self._entries: dict[str, _Entry] = {}
-        self._counters = {"resumeWarmHits": 0, "resumeColdHits": 0, "preWarmHits": 0}
+        self._counters = {"preWarmHits": 0}  # resumes are counted on the board by the sessions (`count_resume`)
         self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-worker")
         # Separate from the workers: a destroy (on a worker) may wait for a start to finish.
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-starter")
@@ -232,8 +232,7 @@ class PoolActor(AioActor):
             self._publish()
 
     def count_resume(self, path: str) -> None:
-        self._counters["resumeWarmHits" if path == "warm" else "resumeColdHits"] += 1
-        self._publish()
+        count_resume(self.board, path)
 
     def release(self, sandbox_id: str, wait: bool = False, after: Future[Any] | None = None) -> None:
         """Destroy a session's sandbox (after the session asked its bridge to shut down, or, with
@@ -518,13 +517,19 @@ class PoolActor(AioActor):
         for entry in self._entries.values():
             counts[entry.state.value] += 1
         self.board.publish({
-            "total": len(self._entries), **counts, "maxCapacity": self.config.max_capacity, **self._counters,
+            "total": len(self._entries), **counts, "maxCapacity": self.config.max_capacity,
+            "resumeWarmHits": 0, "resumeColdHits": 0, **self._counters,  # the board adds what it counted
         })
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, _Call):
             return getattr(self, message.method)(*message.args)
         return super().on_receive(message)
+
+
+def count_resume(board: StatsBoard, path: str) -> None:
+    """A session's resume, counted in the pool's stats from the session's own thread (no ask)."""
+    board.count("resumeWarmHits" if path == "warm" else "resumeColdHits")
 
 
 @dataclass(frozen=True)

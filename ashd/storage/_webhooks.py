@@ -75,6 +75,11 @@ class Webhooks:
         self._generation += 1
         self._unheard.clear()
 
+    def known_unheard(self, tenant: str, event: str) -> bool:
+        """True when `tenant` is known to have no enabled hook for `event` (a set lookup, from any
+        thread): the event need not be handed to the loop at all."""
+        return (tenant, event) in self._unheard
+
     # --- hooks ---------------------------------------------------------------------------------
     async def create(self, tenant: str, url: str, events: list[str], description: str | None) -> tuple[Webhook, str]:
         secret = SECRET_PREFIX + secrets.token_urlsafe(32)
