@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import pykka
 from pykka import ThreadingActor, ThreadingFuture
+from pykka.messages import ProxyCall
 
 from ashd.errors import Unavailable
 
@@ -86,6 +87,25 @@ class AioFuture(ThreadingFuture[Any]):
         result = self._result
         exc = result.exc_info[1] if result is not None and result.exc_info is not None else None
         self._resolve(None, exc or RuntimeError("actor failed"))
+
+
+class Asker:
+    """Calls on an actor's methods, each an ask (a future, as through `ref.proxy()`): pykka builds a
+    proxy by introspecting every attribute of the actor, 0.3 ms of the loop's time for a session
+    actor, which each new session paid on its create. Methods only: no attributes, no nesting."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: pykka.ActorRef[Any]) -> None:
+        self._ref = ref
+
+    def __getattr__(self, name: str) -> Callable[..., pykka.Future[Any]]:
+        ref = self._ref
+
+        def ask(*args: Any, **kwargs: Any) -> pykka.Future[Any]:
+            return ref.ask(ProxyCall(attr_path=(name,), args=args, kwargs=kwargs), block=False)
+
+        return ask
 
 
 class AioActor(ThreadingActor):
