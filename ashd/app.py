@@ -63,7 +63,8 @@ class Server:
         cipher = Cipher(load_or_create_key(settings.credential_key, data))
         internal_secret = ensure_internal_secret(settings)
         agents = Agents(db, cipher, settings.data_path, settings.agent_root_paths,
-                        settings.agent_max_upload_mb * MIB)
+                        settings.agent_max_upload_mb * MIB,
+                        sole_writer=db.dialect == "sqlite")  # SQLite is never shared (docs/deployment.md)
         await agents.import_local_folders()  # managed folders from before they were stored in the database
         credentials = Credentials(db, cipher)
         data_space = DataDirSpace(data, settings.data_dir_min_free_mb * MIB, settings.data_dir_warn_free_mb * MIB)

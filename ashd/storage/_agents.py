@@ -16,15 +16,16 @@ Blocking file work runs in threads (`asyncio.to_thread`), never on the event loo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -186,11 +187,30 @@ class _Keep:
 KEEP = _Keep()
 
 
+_KNOWN_MAX = 10_000  # agent rows kept by `resolve`
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _changes_agents(method: Callable[Concatenate[Agents, _P], Awaitable[_R]]
+                    ) -> Callable[Concatenate[Agents, _P], Awaitable[_R]]:
+    """A method that writes agent rows: what `resolve` knew is forgotten once it is done."""
+
+    @functools.wraps(method)
+    async def run(self: Agents, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await method(self, *args, **kwargs)
+        finally:
+            self._changed()
+
+    return run
+
+
 class Agents:
     """The agent repository of one server: database rows plus managed folders under the data dir."""
 
     def __init__(self, db: Database, cipher: Cipher, data_dir: Path, roots: tuple[Path, ...] = (),
-                 max_upload: int = MAX_TOTAL_BYTES) -> None:
+                 max_upload: int = MAX_TOTAL_BYTES, *, sole_writer: bool = False) -> None:
         self._max_upload = max_upload
         self._db = db
         self._cipher = cipher
@@ -198,6 +218,20 @@ class Agents:
         self._root = self._data_dir / "agents"
         self.paths = AgentPathPolicy(self._data_dir, roots)
         self._build_lock = asyncio.Lock()
+        # Agent rows as `resolve` last read them, by (tenant, name): every create resolves its agent,
+        # and the read was a millisecond of it (a reader thread and back). Only for the `sole_writer`
+        # of the database (a server on its own SQLite), whose every agent change goes through
+        # `_changed` here; on a shared database other processes deploy agents. The folder is still
+        # checked at every use.
+        self._known: dict[tuple[str, str], Agent] = {}
+        self._cacheable = sole_writer
+        self._generation = 0  # bumped after each agent change commits
+
+    def _changed(self) -> None:
+        """After an agent change commits (or fails): forget what was known; a resolve reading
+        meanwhile sees the generation move and does not keep its answer."""
+        self._generation += 1
+        self._known.clear()
 
     # --- reading ---
 
@@ -258,17 +292,29 @@ class Agents:
         process already holds, the folder's check in one read (one hop on SQLite)."""
         statement = select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
 
+        def held(row: Agent) -> Path | None:
+            if not row.managed:
+                return None
+            base = self._root / tenant_dir_name(row.tenant_id) / row.name
+            return base / f"v{row.version}" if _cached(base, row.version, row.id) else None
+
         def read(s: SyncSession) -> tuple[Agent | None, Path | None]:
             row = s.execute(statement).scalar_one_or_none()
-            if row is None or not row.managed:
-                return row, None
-            base = self._root / tenant_dir_name(row.tenant_id) / row.name
-            return row, (base / f"v{row.version}" if _cached(base, row.version, row.id) else None)
+            return row, (held(row) if row is not None else None)
 
-        row, held = await self._db.run_read(read)
-        if row is None:
-            raise NotFound(f"Agent {name} not found")
-        path = held if held is not None else await self._checked_path(row)
+        row = self._known.get((tenant, name))
+        if row is not None:
+            folder = held(row)  # a few stats: cheaper than a trip to a thread and back
+        else:
+            generation = self._generation
+            row, folder = await self._db.run_read(read)
+            if row is None:
+                raise NotFound(f"Agent {name} not found")
+            if self._cacheable and generation == self._generation:
+                if len(self._known) >= _KNOWN_MAX:
+                    self._known.clear()
+                self._known[(tenant, name)] = row
+        path = folder if folder is not None else await self._checked_path(row)
         return AgentView(id=row.id, name=row.name, version=row.version, path=str(path),
                          model=row.model, env=MappingProxyType(self._env(row)), network=row.network,
                          disk_mb=row.disk_mb)
@@ -341,6 +387,7 @@ class Agents:
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
 
+    @_changes_agents
     async def patch(
         self, tenant: str, name: str, *, model: str | _Keep | None = KEEP,
         env: Mapping[str, str] | _Keep | None = KEEP, network: bool | _Keep = KEEP,
@@ -366,6 +413,7 @@ class Agents:
             await s.flush()
             return self._to_record(row)
 
+    @_changes_agents
     async def delete(self, tenant: str, name: str) -> None:
         """Remove the registration; sessions stay (they have their own copy in their workspace).
         Server-managed folders of the agent (every version) are removed too; a client's own
@@ -417,6 +465,7 @@ class Agents:
             found = await s.execute(select(Agent.id).where(Agent.tenant_id == tenant, Agent.name == name))
             return found.first() is not None
 
+    @_changes_agents
     async def _upsert(
         self, tenant: str, name: str, folder: Path | None, staged: tuple[Path, Path] | None,
         model: str | None, env: Mapping[str, str] | None, network: bool | None, disk_mb: int | None = None,

@@ -9,10 +9,11 @@ import secrets
 from pathlib import Path
 
 import pytest
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 
 from ashd.errors import NotFound
 from ashd.storage import AgentFile, Agents, AgentVersion, Cipher, Database
+from ashd.storage._models import Agent
 
 FILES = [AgentFile("AGENT.md", b"You are the shared agent."), AgentFile("tools/run.py", b"print('hi')\n"),
          AgentFile(".agent/notes.txt", bytes(range(256)) * 64)]
@@ -76,5 +77,32 @@ async def test_folders_from_before_are_imported_at_start(db_url: str, tmp_path: 
         assert await a.import_local_folders() == 1  # what A's start does
         assert await a.import_local_folders() == 0
         assert tree(Path((await b.resolve("default", "old")).path)) == {f.path: f.data for f in FILES}
+    finally:
+        await db.close()
+
+
+async def test_a_sole_writer_resolves_from_what_it_knows_and_forgets_it_on_every_change(tmp_path: Path) -> None:
+    """A server on its own SQLite keeps the agent rows it resolved (no read per create) and forgets
+    them when it changes an agent: a redeploy, a patch, a delete are seen by the next resolve."""
+    db = await Database.open(f"sqlite+aiosqlite:///{tmp_path / 'ashd.db'}")
+    try:
+        agents = Agents(db, Cipher(secrets.token_bytes(32)), tmp_path / "a", sole_writer=True)
+        await agents.deploy("default", "kept", files=FILES, env={"TOKEN": "t0"}, model="m1")
+        first = await agents.resolve("default", "kept")
+        async with db.tx() as s:  # behind its back (never done to a running server): proves it is not read
+            await s.execute(update(Agent).where(Agent.name == "kept").values(model="changed-behind"))
+        assert await agents.resolve("default", "kept") == first and first.model == "m1"
+
+        await agents.patch("default", "kept", env={"TOKEN": "t1"}, model="m2", network=True)
+        patched = await agents.resolve("default", "kept")
+        assert (patched.env, patched.model, patched.network) == ({"TOKEN": "t1"}, "m2", True)
+        await agents.deploy("default", "kept", files=[AgentFile("AGENT.md", b"v2")])
+        redeployed = await agents.resolve("default", "kept")
+        assert redeployed.version == 2 and tree(Path(redeployed.path)) == {"AGENT.md": b"v2"}
+        await agents.delete("default", "kept")
+        with pytest.raises(NotFound):
+            await agents.resolve("default", "kept")
+        with pytest.raises(NotFound):
+            await agents.resolve("other-tenant", "kept")
     finally:
         await db.close()
