@@ -85,7 +85,7 @@ class SessionRegistry:
             self._actors[req.session_id] = ref
             self._tenants[req.session_id] = req.tenant
         try:
-            await inserting
+            row = await inserting
         except BaseException:
             async with self._lock:  # nothing was stored: no actor either
                 if self._actors.get(req.session_id) is ref:

@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
 
 Row = dict[str, Any]
 
@@ -48,6 +49,25 @@ class CoreStatements:
 
     def run(self, statement: ClauseElement, params: Mapping[str, Any]) -> None:
         self._conn.execute(statement, dict(params))  # type: ignore[call-overload]
+
+
+def with_defaults(table: Table, values: Mapping[str, Any]) -> Row:
+    """`values` with each missing column's Python-side default (a constant, or a function called now)
+    filled in, and None for a nullable column with none: the row a Core insert or an ORM flush would
+    store. The driver path needs every value given."""
+    out = dict(values)
+    for column in table.columns:
+        default = column.default
+        if column.key in out:
+            continue
+        if default is None:
+            if column.nullable and column.server_default is None:
+                out[column.key] = None
+        elif isinstance(default, ScalarElementColumnDefault):
+            out[column.key] = default.arg
+        elif isinstance(default, CallableColumnDefault):
+            out[column.key] = default.arg(None)  # type: ignore[arg-type] # our defaults take no context
+    return out
 
 
 _DIALECT = SQLiteDialect_pysqlite(paramstyle="named")

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import Conflict, NotFound
 from ashd.storage._database import Database
-from ashd.storage._direct import Statements
+from ashd.storage._direct import Statements, with_defaults
 from ashd.storage._models import Agent, Attachment, Message, Session, SessionEvent, from_row, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
 
@@ -50,6 +50,7 @@ _SESSION_HOLDER = select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == bindpara
 _AGENT_EXISTS = select(_AGENTS.c.id).where(_AGENTS.c.tenant_id == bindparam("_tenant"),
                                            _AGENTS.c.name == bindparam("_agent"))
 _INSERT_EVENT: Insert = insert(_EVENTS)
+_INSERT_SESSION: Insert = insert(_SESSIONS)
 _INSERT_MESSAGE: Insert = insert(_MESSAGES)
 # A user message: count it, allocate its sequence and open the turn, in one statement built once.
 _USER_MESSAGE_UPDATE: Update = update(_SESSIONS).where(_SESSIONS.c.id == bindparam("_id")).values(
@@ -159,14 +160,13 @@ class Sessions:
     async def insert(self, row: Session) -> Session:
         row.stored_bytes = _size(row.config)
         self._stamp(row)
+        values = with_defaults(_SESSIONS, {key: value for key, value in vars(row).items() if key in _SESSIONS.c})
 
-        def run(s: SyncSession) -> Session:
-            s.add(row)
-            s.flush()
-            s.expunge(row)  # handed to another thread next: detached, all columns loaded
-            return row
+        def run(x: Statements) -> Session:
+            x.run(_INSERT_SESSION, values)
+            return from_row(Session, values)  # a new object: `row` itself is not filled in
 
-        return await self.db.run_tx(run)
+        return await self.db.run_direct(run)
 
     async def get(self, tenant: str, session_id: str) -> Session:
         async with self.db.read() as s:

@@ -167,3 +167,20 @@ def test_a_statement_that_needs_more_than_its_values_is_refused(tmp_path: Path) 
             x.rows(select(Session.__table__.c.status).where(Session.__table__.c.id == bindparam("_id")), {})
     finally:
         raw.close()
+
+
+async def test_an_inserted_session_is_answered_as_storage_reads_it(db_url: str) -> None:
+    """The insert fills in what the model's defaults give (id, timestamps, counters) and nulls, as a
+    flush would: the answer is the stored row, column for column."""
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db, owner_id="server-1")
+        inserted = await sessions.insert(Session(tenant_id="t", agent_name="a", config='{"k": "v"}',
+                                                 env_ciphertext=b"\x01"))
+        stored = await sessions.get("t", inserted.id)
+        assert _columns(inserted) == _columns(stored)
+        assert inserted.status == "starting" and inserted.turn_open is False and inserted.model is None
+        assert inserted.owner_id == "server-1" and inserted.stored_bytes == len('{"k": "v"}')
+        assert inserted.created_at.tzinfo is not None and len(inserted.id) == 36
+    finally:
+        await db.close()
