@@ -16,7 +16,7 @@ import errno
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,13 @@ class SessionActor(StagedActor):
 
     # --- create / resume -----------------------------------------------------------------------
     @staged
-    def create(self, req: CreateRequest, row: Session) -> Stage[dict[str, Any]]:
-        self.row = row  # just inserted by the registry: no need to read it back
+    def create(self, req: CreateRequest, row: Session, inserted: Awaitable[Session]) -> Stage[dict[str, Any]]:
+        """Start the new session's sandbox while the registry inserts its row (`inserted`): the
+        bridge's `init` runs in the sandbox's process beside the database write. The row is waited
+        for before anything else is stored about the session."""
+        self.row = row  # being inserted, as it is: all a start reads is in it
         return (yield from self._first_start("created", None, resume_history=False, restore=False,
-                                             agent=req.agent))
+                                             agent=req.agent, inserted=inserted))
 
     @staged
     def start_fork(self, row: Session) -> Stage[dict[str, Any]]:
@@ -112,13 +115,15 @@ class SessionActor(StagedActor):
                                              resume_history=True, restore=True))
 
     def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
-                     agent: Any = None) -> Stage[dict[str, Any]]:
+                     agent: Any = None, inserted: Awaitable[Session] | None = None) -> Stage[dict[str, Any]]:
         try:
             yield from self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
         except ServiceError as exc:
+            yield from self._stored(inserted)  # an insert that failed is the answer: nothing was stored
             yield from self._fail(exc.message)
             raise
         except Exception as exc:
+            yield from self._stored(inserted)
             log_failure(log, "session creation failed", exc, sessionId=self.session_id)
             mapped = storage_failure(exc)  # the workspace copy met a full disk: 507, not 500
             # The exception's text names host paths (data dir, sandbox dirs): it stays in the log.
@@ -126,9 +131,19 @@ class SessionActor(StagedActor):
             yield from self._fail(mapped.message if mapped else reason)
             raise (mapped or SandboxError(f"Sandbox creation failed ({type(exc).__name__}); the details are in "
                                           "the server log")) from exc
+        try:
+            yield from self._stored(inserted)
+        except BaseException:
+            yield from self._drop_sandbox()  # nothing was stored: the sandbox is nobody's
+            raise
         self.row = yield from self._transition("active", action, extra=extra,
                                                sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
+
+    def _stored(self, inserted: Awaitable[Session] | None) -> Stage[None]:
+        """Wait for the row's insert (see `create`); its error, if it failed, is raised here."""
+        if inserted is not None:
+            self.row = yield inserted
 
     @staged
     def resume(self) -> Stage[dict[str, Any]]:

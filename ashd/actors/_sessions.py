@@ -27,6 +27,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+async def _outcome(task: asyncio.Future[T]) -> T:
+    """`task`'s result for an actor's stage; a stage that times out does not cancel the task."""
+    return await asyncio.shield(task)
+
+
 class SessionRegistry:
     def __init__(self, deps: SessionDeps) -> None:
         self.deps = deps
@@ -85,17 +90,21 @@ class SessionRegistry:
             self._actors[req.session_id] = ref
             self._tenants[req.session_id] = req.tenant
         try:
-            row = await inserting
+            # The sandbox starts while the row is inserted; the actor waits for the insert before it
+            # stores anything more. Creation may install packages and run setup.sh: its budget
+            # includes the setup timeout.
+            return await self._changed(req.session_id,
+                                       self._proxy(req.session_id, ref).create(req, row, _outcome(inserting)),
+                                       self.timeout + self.deps.init_timeout + 10)
         except BaseException:
-            async with self._lock:  # nothing was stored: no actor either
-                if self._actors.get(req.session_id) is ref:
-                    del self._actors[req.session_id]
-                    self._tenants.pop(req.session_id, None)
-            ref.stop(block=False)
+            if inserting.done() and not inserting.cancelled() and inserting.exception() is not None:
+                async with self._lock:  # nothing was stored: no actor either
+                    if self._actors.get(req.session_id) is ref:
+                        del self._actors[req.session_id]
+                        self._tenants.pop(req.session_id, None)
+                        self._proxies.pop(req.session_id, None)
+                ref.stop(block=False)
             raise
-        # Creation may install packages and run setup.sh: its budget includes the setup timeout.
-        return await self._changed(req.session_id, self._proxy(req.session_id, ref).create(req, row),
-                                   self.timeout + self.deps.init_timeout + 10)
 
     async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> dict[str, Any]:
         """A new session from `parent_id`: its workspace (live, else its latest snapshot) and its

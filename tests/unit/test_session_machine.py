@@ -116,6 +116,10 @@ class RecordingWarmer(Warmer):
         super().prepare(sandbox_id, paths)
 
 
+async def _outcome(task: asyncio.Future[Any]) -> Any:
+    return await asyncio.shield(task)
+
+
 @dataclass
 class Machine:
     """SessionDeps over real storage and a real pool; `actor(sid)` starts a SessionActor."""
@@ -165,9 +169,12 @@ class Machine:
         row = Session(id=sid, tenant_id=TENANT, agent_name=agent, model=model, status="starting",
                       config=json.dumps(config or {}), env_ciphertext=env, credential_id=credential_id,
                       runner_id=self.deps.runner_id if self.deps is not None else None)
-        await self.sessions.insert(row)
+        inserting = asyncio.ensure_future(self.sessions.insert(row))  # as the registry: beside the start
         req = CreateRequest(sid, TENANT, agent, None, {}, agent=self.agents[agent])
-        view: dict[str, Any] = await call(self.actor(sid).create(req, row), 2 * T)
+        try:
+            view: dict[str, Any] = await call(self.actor(sid).create(req, row, _outcome(inserting)), 2 * T)
+        finally:
+            await asyncio.wait([inserting])
         return sid, view
 
     async def row(self, sid: str) -> Session:
@@ -407,6 +414,19 @@ async def test_a_creation_failure_of_any_kind_leaves_the_session_in_error(machin
     assert machine.counts() == {}  # nothing was claimed
 
 
+async def test_a_create_whose_insert_fails_stores_nothing_and_lets_its_sandbox_go(machine: Machine) -> None:
+    """The row's insert runs beside the sandbox's start: when it fails (here the session id is
+    taken), its error is the answer, nothing more is stored, and the started sandbox is let go."""
+    taken = await machine.insert("paused")
+    row = Session(id=taken, tenant_id=TENANT, agent_name="helper", model=None, status="starting", config="{}")
+    req = CreateRequest(taken, TENANT, "helper", None, {}, agent=machine.agents["helper"])
+    with pytest.raises(Exception, match="UNIQUE|unique|duplicate"):
+        await call(machine.actor(taken).create(req, row, machine.sessions.insert(row)), 2 * T)
+    assert (await machine.row(taken)).status == "paused"  # the session that held the id is untouched
+    assert await machine.lifecycle(taken) == []
+    wait_for(lambda: machine.counts() == {}, T, "the sandbox started for it released")
+
+
 async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
     (machine.launcher.root / "agent-gone").mkdir(parents=True)
     machine.agents["gone"] = AgentView("a2", "gone", 1, str(machine.launcher.root / "agent-gone"), None, {}, False)
@@ -568,10 +588,11 @@ async def test_a_double_resume_has_one_transition(machine: Machine) -> None:
 async def test_a_delete_during_create_ends_the_created_session(machine: Machine) -> None:
     sid = new_id()
     row = Session(id=sid, tenant_id=TENANT, agent_name="helper", model=None, status="starting", config="{}")
-    await machine.sessions.insert(row)
+    inserted = await machine.sessions.insert(row)
     gate = machine.sessions.stall(sid)
     creating = asyncio.ensure_future(call(machine.actor(sid).create(
-        CreateRequest(sid, TENANT, "helper", None, {}, agent=machine.agents["helper"]), row), 2 * T))
+        CreateRequest(sid, TENANT, "helper", None, {}, agent=machine.agents["helper"]), row,
+        _outcome(asyncio.ensure_future(asyncio.sleep(0, inserted)))), 2 * T))
     await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)  # configured; storing `active`
     deleting = asyncio.ensure_future(machine.ask(sid, "delete"))
     await asyncio.sleep(0.1)
