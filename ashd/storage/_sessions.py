@@ -52,6 +52,10 @@ _AGENT_EXISTS = select(_AGENTS.c.id).where(_AGENTS.c.tenant_id == bindparam("_te
 _INSERT_EVENT: Insert = insert(_EVENTS)
 _INSERT_SESSION: Insert = insert(_SESSIONS)
 _INSERT_MESSAGE: Insert = insert(_MESSAGES)
+# An attachment named by a prompt, linked to its message unless an earlier one has it.
+_LINK_ATTACHMENT: Update = update(Attachment).where(
+    Attachment.id == bindparam("_id"), Attachment.session_id == bindparam("_session"),
+    Attachment.message_id.is_(None)).values(message_id=bindparam("_message"))
 # A user message: count it, allocate its sequence and open the turn, in one statement built once.
 _USER_MESSAGE_UPDATE: Update = update(_SESSIONS).where(_SESSIONS.c.id == bindparam("_id")).values(
     next_message_seq=_SESSIONS.c.next_message_seq + 1,
@@ -307,7 +311,7 @@ class Sessions:
         path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
         are linked to this one."""
         tx = self._user_message_tx(session_id, tenant, content, attachments, 0)
-        return await self.db.run_tx(lambda s: tx(s)[0])
+        return await self.db.run_direct(lambda x: tx(x)[0])
 
     def begin_turn_soon(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
                         events: int) -> Future[tuple[int, int]] | Awaitable[tuple[int, int]]:
@@ -315,10 +319,10 @@ class Sessions:
         reserves the turn's first `events` event ids in the same statement: the turn's first frame
         then needs no write of its own before it is sent. Gives (message sequence, first event id)."""
         tx = self._user_message_tx(session_id, tenant, content, attachments, events)
-        return self.db.submit_tx(tx) or self.db.run_tx(tx)
+        return self.db.direct_here(tx) or self.db.run_direct(tx)
 
     def _user_message_tx(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
-                         events: int) -> Callable[[SyncSession], tuple[int, int]]:
+                         events: int) -> Callable[[Statements], tuple[int, int]]:
         now = utcnow()
         record: dict[str, Any] = {"type": "user", "content": content}
         if attachments:
@@ -326,21 +330,18 @@ class Sessions:
         body = json.dumps(record)
         message_id = new_id()
 
-        def run(s: SyncSession) -> tuple[int, int]:
-            # Core statements, the sequence allocated by the same UPDATE that counts the message: on
-            # the path of every message, and the ORM's bulk-update bookkeeping cost more than the SQL.
-            conn = s.connection()
-            row = conn.execute(_USER_MESSAGE_UPDATE, {"_id": session_id, "_now": now, "_size": _size(body),
-                                                      "_events": events}).one_or_none()
-            if row is None:
+        def run(x: Statements) -> tuple[int, int]:
+            # Prebuilt statements, the sequence allocated by the same UPDATE that counts the message:
+            # on the path of every message (`_direct.py`).
+            rows = x.rows(_USER_MESSAGE_UPDATE, {"_id": session_id, "_now": now, "_size": _size(body),
+                                                 "_events": events})
+            if not rows:
                 raise NotFound(f"Session {session_id} not found")
-            seq, last_event = int(row[0]), int(row[1])
-            conn.execute(_INSERT_MESSAGE, {"id": message_id, "session_id": session_id, "tenant_id": tenant,
-                                           "role": "user", "content": body, "sequence": seq, "created_at": now})
-            if attachments:
-                s.execute(update(Attachment).where(
-                    Attachment.id.in_([a["id"] for a in attachments]), Attachment.session_id == session_id,
-                    Attachment.message_id.is_(None)).values(message_id=message_id))
+            seq, last_event = int(rows[0]["next_message_seq"]), int(rows[0]["next_event_seq"])
+            x.run(_INSERT_MESSAGE, {"id": message_id, "session_id": session_id, "tenant_id": tenant,
+                                    "role": "user", "content": body, "sequence": seq, "created_at": now})
+            for attachment in attachments:
+                x.run(_LINK_ATTACHMENT, {"_id": attachment["id"], "_session": session_id, "_message": message_id})
             return seq, last_event - events + 1
 
         return run
@@ -439,13 +440,16 @@ class Sessions:
 
         await self.db.run_tx(run)
 
-    async def owners_of_sandboxes(self, sandbox_ids: Sequence[str]) -> dict[str, str]:
-        """Sandbox id -> session id, for the sessions (not ended) that last ran in those sandboxes."""
+    async def owners_of_sandboxes(self, sandbox_ids: Sequence[str], *, ended: bool = False) -> dict[str, str]:
+        """Sandbox id -> session id, for the sessions (not ended, unless `ended`) that last ran in
+        those sandboxes."""
         if not sandbox_ids:
             return {}
+        query = select(Session.sandbox_id, Session.id).where(Session.sandbox_id.in_(list(sandbox_ids)))
+        if not ended:
+            query = query.where(Session.status != "ended")
         async with self.db.read() as s:
-            rows = (await s.execute(select(Session.sandbox_id, Session.id).where(
-                Session.sandbox_id.in_(list(sandbox_ids)), Session.status != "ended"))).all()
+            rows = (await s.execute(query)).all()
         return {r[0]: r[1] for r in rows}
 
     async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart", *,
