@@ -80,6 +80,7 @@ from ashd.storage import (
     SessionLogs,
     Sessions,
     SnapshotBoard,
+    SnapshotTooLarge,
     Webhooks,
     iso,
     record_usage,
@@ -206,6 +207,9 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
 
     # Registered last so it stops first: sandboxes go before the launcher and the snapshot actor.
     stops.append(("pool actor", lambda: stop_actor(pool.ref, settings.actor_timeout_seconds)))
+    # ... but the snapshots still owed (a pause's, a DELETE's final one) are taken before the
+    # sandboxes that hold their workspaces go.
+    stops.append(("owed snapshots", lambda: call(snapshots.take_owed(), settings.actor_timeout_seconds * 4)))
     return LocalSessions(launcher, snapshots, board, model_proxy, pool, registry, backend, owner_id, webhooks,
                          activity)
 
@@ -362,6 +366,7 @@ def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots:
         engine=settings.engine,
         session_logs=tails,
         setup_log_lines=settings.setup_log_lines,
+        snapshot_max_bytes=settings.snapshot_max_mb * 1024 * 1024 if settings.snapshot_max_mb else None,
         runner_id=runner_id,
         on_status=on_status,
     )
@@ -417,13 +422,19 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
     dirs = [d for d in launcher.sandboxes_dir.glob("sb-*") if d.is_dir()]
     if not dirs:
         return
-    owners = await sessions.owners_of_sandboxes([d.name for d in dirs])
+    # Ended sessions too: a DELETE's final snapshot is taken after its answer, and a kill in between
+    # leaves the workspace here with nothing newer stored.
+    owners = await sessions.owners_of_sandboxes([d.name for d in dirs], ended=True)
     for d in dirs:
         session_id = owners.get(d.name)
         workspace = await asyncio.to_thread(launcher.mount_leftover, d.name) if session_id is not None else None
         if session_id is not None and workspace is not None:
             try:
                 await call(snapshots.snapshot(session_id, workspace), timeout * 4)
+            except SnapshotTooLarge as exc:  # kept, it would be refused again at every start
+                log.warning("the workspace of a sandbox left by the previous process is over the snapshot limit; "
+                            "removing it (the previous snapshot stays): %s", exc.message,
+                            extra={"sessionId": session_id, "sandboxId": d.name})
             except Exception:
                 log.exception("could not snapshot a leftover workspace; keeping it",
                               extra={"sessionId": session_id, "sandboxId": d.name})

@@ -11,6 +11,7 @@ the state the last finished transition left.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import logging
@@ -41,6 +42,7 @@ from ashd.storage import (
     Session,
     SessionHeldElsewhere,
     SnapshotTooLarge,
+    check_fits,
     log_failure,
     session_json,
     storage_failure,
@@ -353,9 +355,46 @@ class SessionActor(StagedActor):
         row = yield from self._row()
         if row.status == "ended":
             return session_json(row)
+        if keep_workspace and self.turn is None and self.handle is not None and self.deps.snapshots is not None:
+            return (yield from self._end_then_snapshot())
         skipped = self._snapshot_before_end(strict=False) if keep_workspace else None
         # The sandbox goes after the answer (its last log lines are stored a moment later).
         return (yield from self._end("ended", {"snapshot": skipped} if skipped else None, wait=False))
+
+    def _end_then_snapshot(self) -> Stage[dict[str, Any]]:
+        """DELETE with no turn running: `ended` is stored and answered at once, and the workspace's
+        final snapshot is taken after the answer (in a quiet moment, or before any read of the
+        session's files: `SnapshotActor.snapshot_soon`); the sandbox, and the workspace with it, go
+        only once that snapshot is stored. A restart after a kill in between finds the workspace and
+        snapshots it (`runtime._rescue_workspaces`). A workspace over SERVICE_SNAPSHOT_MAX_MB is
+        found by a walk before the answer, which says so in the `ended` event, as before."""
+        assert self.handle is not None
+        workspace = self.handle.paths.workspace
+        try:
+            check_fits(workspace, self.session_id, self.deps.snapshot_max_bytes)
+            too_large = None
+        except SnapshotTooLarge as exc:
+            too_large = exc.message
+        except OSError:
+            too_large = None  # the snapshot itself says what is wrong with the tree
+        self.row = yield from self._transition("ended", "ended", extra={"snapshot": too_large} if too_large else None)
+        handle, conn = self.handle, self.conn
+        self.handle, self.conn, self._live_changes = None, None, None
+        if self.deps.warmer is not None:
+            self.deps.warmer.discard(handle.sandbox_id)
+        taken: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if too_large is None:
+            self.deps.snapshots.snapshot_soon(self.session_id, workspace, taken)
+        else:
+            taken.set_result(None)
+        loop, pool, let_go = self.deps.loop, self.deps.pool, self._let_go
+
+        def release(_: concurrent.futures.Future[Any]) -> None:  # on the snapshot actor's thread
+            done = spawn_on_loop(loop, let_go(handle, conn), "letting an ended session's sandbox go")
+            pool.release(handle.sandbox_id, after=done)
+
+        taken.add_done_callback(release)
+        return session_json(self.row)
 
     def _end(self, status: str, extra: dict[str, Any] | None, *, wait: bool, **values: Any) -> Stage[dict[str, Any]]:
         """Store `status` (stopped, ended) and let the sandbox go, before the answer or (not `wait`)

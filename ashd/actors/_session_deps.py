@@ -43,6 +43,9 @@ class SessionDeps:
     # Told (on the actor's thread, must not block) when a session's status changed:
     # (tenant, session id, agent name, from, to, action, extra). The webhooks' session.status_changed.
     on_status: Callable[[str, str, str, str | None, str, str, dict[str, Any]], None] | None = None
+    # SERVICE_SNAPSHOT_MAX_MB in bytes: a DELETE says in its `ended` event that the final snapshot
+    # is over it before that snapshot is taken (after the answer).
+    snapshot_max_bytes: int | None = None
 
     @property
     def init_timeout(self) -> float:

@@ -16,6 +16,7 @@ or a newer snapshot of that session has been uploaded.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -91,7 +92,7 @@ class SnapshotActor(AioActor):
         # Snapshots that can wait for a quiet moment (a pause's), by session: taken then, or before
         # anything else is done about that session, whichever comes first (`snapshot_soon`).
         self._activity = activity
-        self._owed: dict[str, Path] = {}
+        self._owed: dict[str, tuple[Path, list[concurrent.futures.Future[Any]]]] = {}
         self._owed_signal = threading.Event()
         self._stopping = threading.Event()
         self._waiter: threading.Thread | None = None
@@ -110,25 +111,32 @@ class SnapshotActor(AioActor):
             self._timer.cancel()
         self._stopping.set()
         self._owed_signal.set()
-        self._take_owed()  # a server that stops still stores what its pauses promised
+        self.take_owed()  # a server that stops still stores what its pauses promised
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, _RetryUploads):
             return self.retry_uploads()
         if isinstance(message, _Quiet):
-            return self._take_owed()
+            return self.take_owed()
         return super().on_receive(message)
 
-    def snapshot_soon(self, session_id: str, workspace: Path) -> None:
+    def snapshot_soon(self, session_id: str, workspace: Path,
+                      taken: concurrent.futures.Future[Any] | None = None) -> None:
         """Snapshot `workspace` once no request has been in flight for a moment (`Activity`; at most
-        0.1 s later), or before any other request about this session, whichever comes first. A
-        pause's snapshot: the tar work would otherwise take the interpreter from the requests that
-        follow the pause (measured: a resume right after one, 1.8 -> ... ms; docs/performance.md).
+        0.1 s later), or before any other request about this session, whichever comes first: a
+        pause's snapshot, or a DELETE's final one, after their answers. The tar work would otherwise
+        take the interpreter from the requests that follow (docs/performance.md, sixth pass).
+
+        `taken` is resolved once the snapshot is stored, or with the error that stopped it: the
+        sandbox that holds the workspace goes only then. A full data disk keeps it owed, retried
+        every `retry_seconds` (and by a restart's rescue of the workspace) until it is stored.
         Failures are logged, as nobody waits for the outcome."""
+        owed = self._owed.get(session_id)
+        waiting = (owed[1] if owed is not None else []) + ([taken] if taken is not None else [])
+        self._owed[session_id] = (workspace, waiting)
         if self._activity is None:
-            self._settle(session_id, workspace)
+            self._settle(session_id)
             return
-        self._owed[session_id] = workspace
         if self._waiter is None:
             self._waiter = threading.Thread(target=self._wait_for_quiet, name="snapshot-quiet", daemon=True)
             self._waiter.start()
@@ -146,26 +154,51 @@ class SnapshotActor(AioActor):
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(_Quiet())
 
-    def _take_owed(self) -> None:
+    def take_owed(self) -> int:
+        """Take every owed snapshot now (a server that stops, before its sandboxes go); how many
+        are still owed (a full disk)."""
         for session_id in list(self._owed):
             self._settle(session_id)
+        return len(self._owed)
 
-    def _settle(self, session_id: str, workspace: Path | None = None) -> None:
-        """Take the snapshot owed for `session_id` (or of `workspace`) now; a failure is logged."""
-        workspace = self._owed.pop(session_id, workspace)
-        if workspace is None:
+    def _settle(self, session_id: str) -> None:
+        """Take the snapshot owed for `session_id` now, if any; a failure is logged."""
+        owed = self._owed.pop(session_id, None)
+        if owed is None:
             return
+        workspace, waiting = owed
         try:
-            self.snapshot(session_id, workspace)
+            self.snapshot(session_id, workspace, waiting)
+        except StorageFull:
+            if waiting:  # the sandbox waits for it: lose nothing, try again later
+                self._owed.setdefault(session_id, (workspace, waiting))
+                self._schedule_retry()
         except ServiceError:
             pass  # logged by `snapshot`
         except Exception:
             log.exception("snapshot failed", extra={"session_id": session_id})
 
-    def snapshot(self, session_id: str, workspace: Path) -> SnapshotInfo:
+    def snapshot(self, session_id: str, workspace: Path,
+                 waiting: list[concurrent.futures.Future[Any]] | None = None) -> SnapshotInfo:
         """Snapshot `workspace` now; upload it if a remote store is set. Returns the local one.
-        SnapshotTooLarge (413) or StorageFull (507) when it cannot be stored; the previous stays."""
-        self._owed.pop(session_id, None)  # this one is newer than the one owed
+        SnapshotTooLarge (413) or StorageFull (507) when it cannot be stored; the previous stays.
+        What waited for an owed snapshot of the session is told the outcome of this one (newer)."""
+        owed = self._owed.pop(session_id, None)
+        waiting = (waiting or []) + (owed[1] if owed is not None else [])
+        try:
+            info = self._snapshot(session_id, workspace)
+        except StorageFull:
+            if owed is not None and owed[1]:  # still owed to those that wait (see `snapshot_soon`)
+                self._owed.setdefault(session_id, owed)
+                self._schedule_retry()
+            raise
+        except BaseException as exc:
+            _tell(waiting, None, exc)
+            raise
+        _tell(waiting, info, None)
+        return info
+
+    def _snapshot(self, session_id: str, workspace: Path) -> SnapshotInfo:
         directory = self.local.session_dir(session_id)
         fingerprint = workspace_fingerprint(workspace, self._settle_ns)
         known = self._fingerprints.pop(session_id, None)
@@ -262,8 +295,10 @@ class SnapshotActor(AioActor):
         return SnapshotReader(info.path) if info is not None else None
 
     def delete(self, session_id: str) -> None:
-        """Forget every snapshot of the session, local and remote."""
-        self._owed.pop(session_id, None)
+        """Forget every snapshot of the session, local and remote (what waited for an owed one is
+        told there is none)."""
+        owed = self._owed.pop(session_id, None)
+        _tell(owed[1] if owed is not None else [], None, None)
         self._pending.pop(session_id, None)
         self._fingerprints.pop(session_id, None)
         self.local.delete_session(session_id)
@@ -281,8 +316,10 @@ class SnapshotActor(AioActor):
         return dict(self._pending)
 
     def retry_uploads(self) -> int:
-        """Upload each pending session's newest local snapshot; return how many are still pending."""
+        """Upload each pending session's newest local snapshot, and take the owed snapshots a full
+        disk refused; return how many uploads are still pending."""
         self._timer = None
+        self.take_owed()
         for session_id in list(self._pending):
             info = latest_local(self.local.session_dir(session_id), session_id)
             if info is None:
@@ -319,11 +356,23 @@ class SnapshotActor(AioActor):
         self._timer.start()
 
 
+def _tell(waiting: list[concurrent.futures.Future[Any]], info: SnapshotInfo | None,
+          error: BaseException | None) -> None:
+    for future in waiting:
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(info)
+
+
 class SnapshotProxy(ActorMemberMixin, pykka.ActorProxy[SnapshotActor]):
     """Typed proxy: every method returns a future; await it with `ashd.actors._aio.call`."""
 
     snapshot = proxy_method(SnapshotActor.snapshot)
     snapshot_soon = proxy_method(SnapshotActor.snapshot_soon)
+    take_owed = proxy_method(SnapshotActor.take_owed)
     latest = proxy_method(SnapshotActor.latest)
     copy_latest = proxy_method(SnapshotActor.copy_latest)
     restore = proxy_method(SnapshotActor.restore)

@@ -71,6 +71,21 @@ class _Budget:
                 "the previous one, if any, is kept; remove files from the workspace and try again")
 
 
+def check_fits(workspace: Path, session_id: str, max_bytes: int | None) -> None:
+    """SnapshotTooLarge when the files a snapshot of `workspace` would hold exceed `max_bytes`: a walk
+    of the same entries, with no tar. For an answer that must say it before the snapshot is taken
+    (a DELETE, whose snapshot follows it); the snapshot itself still counts as it archives."""
+    if max_bytes is None:
+        return
+    budget = _Budget(session_id, max_bytes)
+    for _rel, entry in walk(workspace, MAX_ENTRIES):
+        try:
+            if entry.is_file(follow_symlinks=False):
+                budget.take(entry.stat(follow_symlinks=False).st_size)
+        except FileNotFoundError:
+            continue  # removed while we walked a live workspace
+
+
 class SnapshotBoard:
     """Count and bytes of every session's local snapshots. The snapshot actor writes it after each
     change; anyone reads it (what a tenant holds) without waiting behind that actor's tar work."""

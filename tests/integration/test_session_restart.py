@@ -109,7 +109,7 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
         {"content": [{"type": "text", "text": "stored"}]},
     ])
     sids = []
-    for _ in range(2):
+    for _ in range(3):
         status, body = await _call(http, proc, key, "POST", "/api/sessions", json={"agent": "helper"})
         assert status == 201, body
         sid = body["session"]["id"]
@@ -127,6 +127,12 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
 
     status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sids[0]}")
     disk = SandboxPaths(Path(proc.env["SERVICE_DATA_DIR"]) / "sandboxes" / body["session"]["sandboxId"]).disk
+    # The third is deleted just before the kill: `ended` is stored and answered at once, its final
+    # snapshot taken after the answer (in a quiet moment); killed before or after that, its files
+    # must be there after the restart (else the restart's rescue takes them from its workspace).
+    ended = sids.pop()
+    status, body = await _call(http, proc, key, "DELETE", f"/api/sessions/{ended}")
+    assert status == 200 and body["session"]["status"] == "ended"
     proc.kill()
     # The sandbox disks stay mounted after a SIGKILL; after a reboot they would not be: the rescue
     # must mount the image again to read the first session's files (it has no snapshot at all).
@@ -145,6 +151,11 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
         assert body["source"] == "snapshot" and "alpha.txt" in {f["path"] for f in body["files"]}
     status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sids[0]}/events?type=lifecycle")
     assert json.loads(body["events"][-1]["data"])["reason"] == "restart"
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{ended}")
+    assert status == 200 and body["session"]["status"] == "ended"
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{ended}/files/alpha.txt",
+                               params={"format": "json"})
+    assert status == 200 and body["content"] == "alpha file" and body["source"] == "snapshot"
 
     for sid in sids:
         status, body = await _call(http, proc, key, "POST", f"/api/sessions/{sid}/resume")
@@ -161,3 +172,38 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
         assert "remember-alpha now" in json.dumps(request["body"]["messages"])
     async with http.get(f"{proc.url}/metrics") as resp:
         assert 'ash_resume_total{path="cold"} 2.0' in await resp.text()
+
+
+async def test_a_stopped_server_takes_the_snapshots_it_owes_before_its_sandboxes_go(
+        proc: Proc, http: aiohttp.ClientSession, fake_model: FakeModel) -> None:  # noqa: F811
+    """A pause's snapshot and a DELETE's final one are taken after their answers; a server told to
+    stop (SIGTERM) right after takes them before its sandboxes, and their workspaces, go."""
+    key = await proc.start()
+    status, body = await _call(http, proc, key, "POST", "/api/agents",
+                               json={"name": "helper", "systemPrompt": "You are helpful."})
+    assert status == 201, body
+    fake_model.script("remember-beta", [
+        {"content": [{"type": "tool_use", "name": "Write",
+                      "input": {"file_path": "/workspace/beta.txt", "content": "beta file"}}]},
+        {"content": [{"type": "text", "text": "stored"}]},
+    ])
+    sids = []
+    for _ in range(2):
+        status, body = await _call(http, proc, key, "POST", "/api/sessions", json={"agent": "helper"})
+        assert status == 201, body
+        sids.append(body["session"]["id"])
+        status, frames = await _call(http, proc, key, "POST", f"/api/sessions/{sids[-1]}/messages",
+                                     json={"content": "remember-beta now"})
+        assert status == 200 and frames[-1].event == "done"
+    status, _ = await _call(http, proc, key, "POST", f"/api/sessions/{sids[0]}/pause")
+    assert status == 200
+    status, _ = await _call(http, proc, key, "DELETE", f"/api/sessions/{sids[1]}")
+    assert status == 200
+    proc.stop()
+    sandboxes = Path(proc.env["SERVICE_DATA_DIR"]) / "sandboxes"
+    assert not [d for d in sandboxes.glob("sb-*") if d.is_dir()]  # a clean stop leaves nothing to rescue
+    key = await proc.start()
+    for sid in sids:
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files/beta.txt",
+                                   params={"format": "json"})
+        assert status == 200 and body["content"] == "beta file" and body["source"] == "snapshot", body

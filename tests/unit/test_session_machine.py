@@ -23,6 +23,7 @@ import httpx2
 import pytest
 from sqlalchemy import delete, update
 
+from ashd.actors._activity import Activity
 from ashd.actors._aio import call
 from ashd.actors._pool import PoolActor, PoolConfig
 from ashd.actors._pool_types import LossReason, SandboxLost
@@ -204,6 +205,7 @@ class Machine:
 
 @contextlib.asynccontextmanager
 async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None, snapshots: bool = False,
+                       activity: Activity | None = None,
                        runner_id: str | None = None, model_url: str | None = None,
                        logs: bool = False, prewarm: int = 0, setup_timeout: float = T,
                        disk_quota: bool = False) -> AsyncIterator[Machine]:
@@ -237,7 +239,7 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
     warmer = RecordingWarmer(asyncio.get_running_loop(), model_proxy, T)
     pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=prewarm, idle_timeout=3600.0, shutdown_grace=1.0),
                                launcher, spec_for, None, lost.append, warmer)
-    snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes)
+    snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes, activity=activity)
                     if snapshots or snapshot_max_bytes is not None else None)
     m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher), warmer,
                 snapshots=snapshot_proxy(snapshot_ref) if snapshot_ref is not None else None,
@@ -264,7 +266,7 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
         decrypt_env=decrypt_env, count_resume=lambda path, sid, _agent: m.resumes.append((path, sid)),
         record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=setup_timeout, shutdown_grace=1.0,
         network_default=False, sandbox_owner=lambda _sid: None, runner_id=runner_id, on_status=on_status,
-        session_logs=tails, warmer=warmer)
+        session_logs=tails, warmer=warmer, snapshot_max_bytes=snapshot_max_bytes)
     try:
         yield m
     finally:
@@ -727,6 +729,25 @@ async def test_a_workspace_over_the_snapshot_limit_refuses_a_stop_but_not_a_dele
         last = (await machine.lifecycle_events(sid))[-1]
         assert last["action"] == "ended" and last["snapshot"] == refused.message
         wait_for(lambda: machine.counts() == {}, T, "the ended session's sandbox released")
+
+
+async def test_a_delete_answers_before_its_final_snapshot_and_keeps_the_sandbox_until_it_is_stored(
+        short_tmp: Path) -> None:
+    activity = Activity(quiet_s=0.005, at_most_s=3600)  # only a quiet moment lets the snapshot go
+    async with open_machine(short_tmp, snapshots=True, activity=activity) as machine:
+        sid, _ = await machine.create()
+        await machine.run(sid, "sh", "-c", "echo final > last.txt")
+        activity.begin()  # a request in flight
+        assert (await machine.ask(sid, "delete"))["status"] == "ended"
+        assert await machine.lifecycle(sid) == ["created", "ended"]
+        await asyncio.sleep(0.2)
+        assert machine.counts() == {"waiting": 1}  # the workspace's sandbox stays until its snapshot is stored
+        reader = machine.snapshots.reader(sid).get(timeout=T)  # a read of its files takes it first
+        assert reader is not None
+        with reader:
+            assert reader.read_for_json("last.txt") == "final\n"
+        wait_for(lambda: machine.counts() == {}, T, "the sandbox released once its snapshot was stored")
+        activity.end()
 
 
 # --- commands through the API and turns: what keeps the sandbox running --------------------------
