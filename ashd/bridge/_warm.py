@@ -143,12 +143,16 @@ def warm() -> None:
     asyncio.run(_both())
 
 
-IDLE_S = 0.5
+# Soon after the start: a spare is often claimed within a second of its start (sessions created in a
+# row), and a first message in a bridge not warmed again took 8.5 ms to its first frame against 5.5
+# (scripts/bench_sessions.py; docs/performance.md, sixth pass). Not at once: a bridge started for a
+# session that is waiting for it (no spare was left) is given it within this time, and skips it.
+IDLE_S = 0.02
 
 
 async def warm_when_idle(idle: Callable[[], bool], after_s: float = IDLE_S) -> None:
-    """The bridge's own warm-up (see above), once it has been `idle()` for `after_s` seconds; a
-    failure only costs the first turn its speed."""
+    """The bridge's own warm-up (see above), once it has been `idle()` for `after_s` seconds, each
+    of its two parts only while still idle; a failure only costs the first turn its speed."""
     log = logging.getLogger(__name__)
     await asyncio.sleep(after_s)
     if not idle():
@@ -156,7 +160,11 @@ async def warm_when_idle(idle: Callable[[], bool], after_s: float = IDLE_S) -> N
         return
     started = time.monotonic()
     try:
-        await _both()
+        await _one_request()
+        if not idle():
+            log.debug("bridge warm-up cut short: the session came")
+            return
+        await _one_turn()
     except Exception:  # nothing depends on it
         log.warning("bridge warm-up failed; the first turn will be slower", exc_info=True)
         return
