@@ -346,11 +346,14 @@ async def test_purge_deletes_the_session_and_its_rows_for_its_tenant_only(db: Da
 async def test_owners_of_sandboxes_ignores_ended_sessions(db: Database) -> None:
     sessions = Sessions(db)
     live = await sessions.insert(Session(tenant_id="t", agent_name="a", status="paused", sandbox_id="sb-1"))
-    await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended", sandbox_id="sb-2"))
+    ended = await sessions.insert(Session(tenant_id="t", agent_name="a", status="ended", sandbox_id="sb-2"))
     running = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active", sandbox_id="sb-4"))
     assert await sessions.owners_of_sandboxes(["sb-1", "sb-2", "sb-3", "sb-4"]) == {"sb-1": live.id,
                                                                                    "sb-4": running.id}
     assert await sessions.owners_of_sandboxes([]) == {}
+    # A restart's rescue asks for ended ones too (a DELETE's final snapshot follows its answer).
+    assert await sessions.owners_of_sandboxes(["sb-1", "sb-2", "sb-3"], ended=True) == {"sb-1": live.id,
+                                                                                       "sb-2": ended.id}
 
 
 async def test_pause_orphans_picks_the_dead_process_sessions_only(db: Database, caplog: pytest.LogCaptureFixture) -> None:
