@@ -223,7 +223,7 @@ class Agents:
         # of the database (a server on its own SQLite), whose every agent change goes through
         # `_changed` here; on a shared database other processes deploy agents. The folder is still
         # checked at every use.
-        self._known: dict[tuple[str, str], Agent] = {}
+        self._known: dict[tuple[str, str], tuple[Agent, Mapping[str, str]]] = {}  # the row, its env
         self._cacheable = sole_writer
         self._generation = 0  # bumped after each agent change commits
 
@@ -289,8 +289,8 @@ class Agents:
 
     async def resolve(self, tenant: str, name: str) -> AgentView:
         """The agent as a session starts it (every create): its row and, for a managed folder this
-        process already holds, the folder's check in one read (one hop on SQLite)."""
-        statement = select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+        process already holds, the folder's check in one read (one hop on SQLite); for the sole
+        writer, from the row it last read (`_known`)."""
 
         def held(row: Agent) -> Path | None:
             if not row.managed:
@@ -298,26 +298,29 @@ class Agents:
             base = self._root / tenant_dir_name(row.tenant_id) / row.name
             return base / f"v{row.version}" if _cached(base, row.version, row.id) else None
 
-        def read(s: SyncSession) -> tuple[Agent | None, Path | None]:
-            row = s.execute(statement).scalar_one_or_none()
-            return row, (held(row) if row is not None else None)
-
-        row = self._known.get((tenant, name))
-        if row is not None:
+        known = self._known.get((tenant, name))
+        if known is not None:
+            row, env = known
             folder = held(row)  # a few stats: cheaper than a trip to a thread and back
         else:
+            statement = select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
+
+            def read(s: SyncSession) -> tuple[Agent | None, Path | None]:
+                found = s.execute(statement).scalar_one_or_none()
+                return found, (held(found) if found is not None else None)
+
             generation = self._generation
-            row, folder = await self._db.run_read(read)
-            if row is None:
+            found, folder = await self._db.run_read(read)
+            if found is None:
                 raise NotFound(f"Agent {name} not found")
+            row, env = found, MappingProxyType(self._env(found))
             if self._cacheable and generation == self._generation:
                 if len(self._known) >= _KNOWN_MAX:
                     self._known.clear()
-                self._known[(tenant, name)] = row
+                self._known[(tenant, name)] = (row, env)
         path = folder if folder is not None else await self._checked_path(row)
-        return AgentView(id=row.id, name=row.name, version=row.version, path=str(path),
-                         model=row.model, env=MappingProxyType(self._env(row)), network=row.network,
-                         disk_mb=row.disk_mb)
+        return AgentView(id=row.id, name=row.name, version=row.version, path=str(path), model=row.model, env=env,
+                         network=row.network, disk_mb=row.disk_mb)
 
     async def folder(self, tenant: str, name: str) -> Path:
         """The agent's directory (canonical), for file listing and reading: open it with
