@@ -51,6 +51,8 @@ from ashd.storage import (
 log = logging.getLogger(__name__)
 
 _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+# A new session's row being inserted (see `SessionActor.create`).
+Inserted = Awaitable[Session] | concurrent.futures.Future[Session]
 
 
 class SessionActor(StagedActor):
@@ -100,7 +102,7 @@ class SessionActor(StagedActor):
 
     # --- create / resume -----------------------------------------------------------------------
     @staged
-    def create(self, req: CreateRequest, row: Session, inserted: Awaitable[Session]) -> Stage[dict[str, Any]]:
+    def create(self, req: CreateRequest, row: Session, inserted: Inserted) -> Stage[dict[str, Any]]:
         """Start the new session's sandbox while the registry inserts its row (`inserted`): the
         bridge's `init` runs in the sandbox's process beside the database write. The row is waited
         for before anything else is stored about the session."""
@@ -117,7 +119,7 @@ class SessionActor(StagedActor):
                                              resume_history=True, restore=True))
 
     def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
-                     agent: Any = None, inserted: Awaitable[Session] | None = None) -> Stage[dict[str, Any]]:
+                     agent: Any = None, inserted: Inserted | None = None) -> Stage[dict[str, Any]]:
         try:
             yield from self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
         except ServiceError as exc:
@@ -142,7 +144,7 @@ class SessionActor(StagedActor):
                                                sandbox_id=self.handle.sandbox_id if self.handle else "")
         return session_json(self.row)
 
-    def _stored(self, inserted: Awaitable[Session] | None) -> Stage[None]:
+    def _stored(self, inserted: Inserted | None) -> Stage[None]:
         """Wait for the row's insert (see `create`); its error, if it failed, is raised here."""
         if inserted is not None:
             self.row = yield inserted
