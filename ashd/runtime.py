@@ -27,6 +27,7 @@ from ashd.actors import (
     DispatchConfig,
     LivenessConfig,
     LogTails,
+    OwedSnapshots,
     PoolActor,
     PoolConfig,
     QueueConfig,
@@ -167,7 +168,8 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     launcher = await _start_launcher(settings, stops)
     board = SnapshotBoard()
     activity = Activity()  # the front end's requests in flight: what can wait, waits for a quiet moment
-    snapshots = _start_snapshots(settings, board, activity, stops)
+    owed = OwedSnapshots(activity)  # snapshots that wait for a quiet moment (a pause's, a DELETE's final one)
+    snapshots = _start_snapshots(settings, board, owed, stops)
     model_proxy = _model_proxy(parts)
     stops.append(("model proxy", model_proxy.close))
     webhooks = start_webhooks(parts, stops)
@@ -197,7 +199,7 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     lost = _LostSandboxes(asyncio.get_running_loop())
     pool = await _start_pool(settings, launcher, snapshots, lost, warmer, activity)
     registry = SessionRegistry(_session_deps(parts, sessions, pool.proxy, snapshots, model_proxy, warmer, webhooks,
-                                            tails, runner_id, pool.board))
+                                            tails, runner_id, pool.board, owed))
     lost.registry = registry
     bundles = BundleConfig(Path(settings.data_dir), settings.snapshot_max_mb * 1024 * 1024,
                            latest_snapshot(snapshots, settings.actor_timeout_seconds))
@@ -283,7 +285,7 @@ async def _start_launcher(settings: Settings, stops: list[tuple[str, StopStep]])
     return launcher
 
 
-def _start_snapshots(settings: Settings, board: SnapshotBoard, activity: Activity,
+def _start_snapshots(settings: Settings, board: SnapshotBoard, owed: OwedSnapshots,
                      stops: list[tuple[str, StopStep]]) -> Any:
     remote = None
     if settings.snapshot_url:
@@ -291,7 +293,7 @@ def _start_snapshots(settings: Settings, board: SnapshotBoard, activity: Activit
 
         remote = store_from_url(settings.snapshot_url, settings.snapshots_keep)
     ref = SnapshotActor.start(settings.data_path / "snapshots", remote, keep=settings.snapshots_keep,
-                              max_bytes=settings.snapshot_max_mb * 1024 * 1024, board=board, activity=activity)
+                              max_bytes=settings.snapshot_max_mb * 1024 * 1024, board=board, owed=owed)
 
     stops.append(("snapshot actor", lambda: stop_actor(ref, settings.actor_timeout_seconds)))
     return snapshot_proxy(ref)
@@ -321,7 +323,8 @@ async def _start_pool(settings: Settings, launcher: SandboxLauncher, snapshots: 
 
 def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots: Any, model_proxy: ModelProxy,
                   warmer: Warmer, webhooks: WebhookDispatcher, tails: LogTails | None = None,
-                  runner_id: str | None = None, pool_board: StatsBoard | None = None) -> SessionDeps:
+                  runner_id: str | None = None, pool_board: StatsBoard | None = None,
+                  owed: OwedSnapshots | None = None) -> SessionDeps:
     settings = parts.settings
     loop = asyncio.get_running_loop()
 
@@ -369,6 +372,7 @@ def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots:
         snapshot_max_bytes=settings.snapshot_max_mb * 1024 * 1024 if settings.snapshot_max_mb else None,
         runner_id=runner_id,
         on_status=on_status,
+        owe_snapshot=owed.add if owed is not None else None,
     )
 
 

@@ -4,6 +4,7 @@ from ashd.actors._activity import Activity
 from ashd.actors._aio import AioActor, Later, call, pipe_to_actor, spawn_on_loop, stop_actor, tell_loop
 from ashd.actors._board import EMPTY_POOL_STATS, StatsBoard
 from ashd.actors._liveness import LivenessConfig, RunnerLiveness
+from ashd.actors._owed import OwedSnapshots
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool import count_resume as count_pool_resume
 from ashd.actors._pool_types import SandboxHandle, SandboxLost
@@ -30,6 +31,7 @@ __all__ = [
     "LivenessConfig",
     "LogTails",
     "OnLoop",
+    "OwedSnapshots",
     "PoolActor",
     "PoolConfig",
     "QueueActor",

@@ -339,8 +339,14 @@ class SessionActor(StagedActor):
         if self.handle is not None and self.deps.snapshots is not None:
             # Off the request path, once the status is stored, in a quiet moment: the snapshot actor's
             # tar work would otherwise compete with this answer and the next requests for the interpreter.
-            self.deps.snapshots.snapshot_soon(self.session_id, self.handle.paths.workspace)
+            self._owe_snapshot(self.handle.paths.workspace)
         return session_json(self.row)
+
+    def _owe_snapshot(self, workspace: Path, taken: concurrent.futures.Future[Any] | None = None) -> None:
+        if self.deps.owe_snapshot is not None:
+            self.deps.owe_snapshot(self.session_id, workspace, taken)
+        else:
+            self.deps.snapshots.snapshot_soon(self.session_id, workspace, taken)
 
     @staged
     def stop_session(self) -> Stage[dict[str, Any]]:
@@ -386,7 +392,7 @@ class SessionActor(StagedActor):
             self.deps.warmer.discard(handle.sandbox_id)
         taken: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if too_large is None:
-            self.deps.snapshots.snapshot_soon(self.session_id, workspace, taken)
+            self._owe_snapshot(workspace, taken)
         else:
             taken.set_result(None)
         loop, pool, let_go = self.deps.loop, self.deps.pool, self._let_go

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ashd.storage import Sessions
@@ -46,6 +48,9 @@ class SessionDeps:
     # SERVICE_SNAPSHOT_MAX_MB in bytes: a DELETE says in its `ended` event that the final snapshot
     # is over it before that snapshot is taken (after the answer).
     snapshot_max_bytes: int | None = None
+    # Owe a snapshot to the snapshot actor without a message to it (`OwedSnapshots.add`); None: ask
+    # it through `snapshots.snapshot_soon`.
+    owe_snapshot: Callable[[str, Path, concurrent.futures.Future[Any] | None], None] | None = None
 
     @property
     def init_timeout(self) -> float:

@@ -31,6 +31,7 @@ from pykka.typing import ActorMemberMixin, proxy_method
 
 from ashd.actors._activity import Activity
 from ashd.actors._aio import AioActor
+from ashd.actors._owed import OwedSnapshots, TakeOwed
 from ashd.errors import ServiceError, StorageFull
 from ashd.storage import (
     DEFAULT_KEEP,
@@ -61,11 +62,6 @@ class _RetryUploads:
     """Sent by the retry timer; handled in the actor thread like any message."""
 
 
-@dataclass(frozen=True)
-class _Quiet:
-    """Sent by the quiet-moment waiter: take the snapshots that were owed."""
-
-
 class SnapshotActor(AioActor):
     def __init__(
         self,
@@ -77,6 +73,7 @@ class SnapshotActor(AioActor):
         max_bytes: int | None = None,
         board: SnapshotBoard | None = None,
         activity: Activity | None = None,
+        owed: OwedSnapshots | None = None,
     ) -> None:
         super().__init__()
         self.local = LocalSnapshotStore(snapshots_dir, keep)
@@ -89,15 +86,11 @@ class SnapshotActor(AioActor):
         self._fingerprints: dict[str, tuple[bytes, str]] = {}
         self._settle_ns = SETTLE_NS
         self._timer: threading.Timer | None = None
-        # Snapshots that can wait for a quiet moment (a pause's), by session: taken then, or before
-        # anything else is done about that session, whichever comes first (`snapshot_soon`).
-        self._activity = activity
-        self._owed: dict[str, tuple[Path, list[concurrent.futures.Future[Any]]]] = {}
-        self._owed_signal = threading.Event()
-        self._stopping = threading.Event()
-        self._waiter: threading.Thread | None = None
+        # Snapshots that can wait for a quiet moment, by session (`snapshot_soon`, `_owed.py`).
+        self.owed = owed or OwedSnapshots(activity)
 
     def on_start(self) -> None:
+        self.owed.attach(self.actor_ref)
         # One actor per data dir: any partial file left there is a crashed writer's.
         self.local.root.mkdir(parents=True, exist_ok=True)
         self._settle_ns = settle_ns_for(self.local.root)
@@ -109,14 +102,13 @@ class SnapshotActor(AioActor):
     def on_stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._stopping.set()
-        self._owed_signal.set()
+        self.owed.stop()
         self.take_owed()  # a server that stops still stores what its pauses promised
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, _RetryUploads):
             return self.retry_uploads()
-        if isinstance(message, _Quiet):
+        if isinstance(message, TakeOwed):
             return self.take_owed()
         return super().on_receive(message)
 
@@ -125,45 +117,27 @@ class SnapshotActor(AioActor):
         """Snapshot `workspace` once no request has been in flight for a moment (`Activity`; at most
         0.1 s later), or before any other request about this session, whichever comes first: a
         pause's snapshot, or a DELETE's final one, after their answers. The tar work would otherwise
-        take the interpreter from the requests that follow (docs/performance.md, sixth pass).
+        take the interpreter from the requests that follow (docs/performance.md, sixth pass). The
+        session actors add to `owed` directly, which is the same without a message to this actor.
 
         `taken` is resolved once the snapshot is stored, or with the error that stopped it: the
         sandbox that holds the workspace goes only then. A full data disk keeps it owed, retried
         every `retry_seconds` (and by a restart's rescue of the workspace) until it is stored.
         Failures are logged, as nobody waits for the outcome."""
-        owed = self._owed.get(session_id)
-        waiting = (owed[1] if owed is not None else []) + ([taken] if taken is not None else [])
-        self._owed[session_id] = (workspace, waiting)
-        if self._activity is None:
+        self.owed.add(session_id, workspace, taken, tell=False)
+        if not self.owed.waits:
             self._settle(session_id)
-            return
-        if self._waiter is None:
-            self._waiter = threading.Thread(target=self._wait_for_quiet, name="snapshot-quiet", daemon=True)
-            self._waiter.start()
-        self._owed_signal.set()
-
-    def _wait_for_quiet(self) -> None:
-        activity, ref = self._activity, self.actor_ref
-        assert activity is not None
-        while not self._stopping.is_set():
-            self._owed_signal.wait()
-            self._owed_signal.clear()
-            if self._stopping.is_set():
-                return
-            activity.wait_quiet(stop=self._stopping)
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(_Quiet())
 
     def take_owed(self) -> int:
         """Take every owed snapshot now (a server that stops, before its sandboxes go); how many
         are still owed (a full disk)."""
-        for session_id in list(self._owed):
+        for session_id in self.owed.sessions():
             self._settle(session_id)
-        return len(self._owed)
+        return len(self.owed.sessions())
 
     def _settle(self, session_id: str) -> None:
         """Take the snapshot owed for `session_id` now, if any; a failure is logged."""
-        owed = self._owed.pop(session_id, None)
+        owed = self.owed.pop(session_id)
         if owed is None:
             return
         workspace, waiting = owed
@@ -171,7 +145,7 @@ class SnapshotActor(AioActor):
             self.snapshot(session_id, workspace, waiting)
         except StorageFull:
             if waiting:  # the sandbox waits for it: lose nothing, try again later
-                self._owed.setdefault(session_id, (workspace, waiting))
+                self.owed.put_back(session_id, owed)
                 self._schedule_retry()
         except ServiceError:
             pass  # logged by `snapshot`
@@ -183,13 +157,13 @@ class SnapshotActor(AioActor):
         """Snapshot `workspace` now; upload it if a remote store is set. Returns the local one.
         SnapshotTooLarge (413) or StorageFull (507) when it cannot be stored; the previous stays.
         What waited for an owed snapshot of the session is told the outcome of this one (newer)."""
-        owed = self._owed.pop(session_id, None)
+        owed = self.owed.pop(session_id)
         waiting = (waiting or []) + (owed[1] if owed is not None else [])
         try:
             info = self._snapshot(session_id, workspace)
         except StorageFull:
             if owed is not None and owed[1]:  # still owed to those that wait (see `snapshot_soon`)
-                self._owed.setdefault(session_id, owed)
+                self.owed.put_back(session_id, owed)
                 self._schedule_retry()
             raise
         except BaseException as exc:
@@ -297,7 +271,7 @@ class SnapshotActor(AioActor):
     def delete(self, session_id: str) -> None:
         """Forget every snapshot of the session, local and remote (what waited for an owed one is
         told there is none)."""
-        owed = self._owed.pop(session_id, None)
+        owed = self.owed.pop(session_id)
         _tell(owed[1] if owed is not None else [], None, None)
         self._pending.pop(session_id, None)
         self._fingerprints.pop(session_id, None)

@@ -7,12 +7,14 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 from ashd.actors._activity import Activity
 from ashd.actors._aio import call, stop_actor
+from ashd.actors._owed import OwedSnapshots
 from ashd.actors._snapshot import SnapshotActor, SnapshotProxy, snapshot_proxy
 from ashd.errors import NotFound
 from ashd.storage._files import list_files
@@ -228,3 +230,26 @@ async def test_without_an_activity_a_pause_snapshot_is_taken_at_once(tmp_path: P
     assert len(_keys(tmp_path / "data", "s1")) == 1
     await call(actor.snapshot_soon("s1", tmp_path / "no-workspace"), TIMEOUT)  # logged, not raised
     assert len(_keys(tmp_path / "data", "s1")) == 1
+
+
+async def test_a_snapshot_owed_from_another_thread_is_taken_in_the_next_quiet_moment(tmp_path: Path) -> None:
+    """What a session actor does: owe it directly (`OwedSnapshots.add`, no message to the actor),
+    with a future that is told when it is stored."""
+    import concurrent.futures
+
+    activity = Activity(quiet_s=0.005, at_most_s=3600)
+    owed = OwedSnapshots(activity)
+    data = tmp_path / "data"
+    ref = SnapshotActor.start(data / "snapshots", keep=5, owed=owed)
+    try:
+        ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "owed")
+        taken: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        activity.begin()
+        await asyncio.to_thread(owed.add, "s1", ws, taken)
+        await asyncio.sleep(0.1)
+        assert not taken.done() and _keys(data, "s1") == []
+        activity.end()
+        info = await asyncio.wait_for(asyncio.wrap_future(taken), TIMEOUT)
+        assert info is not None and _keys(data, "s1") == [info.path.name]
+    finally:
+        await stop_actor(ref, TIMEOUT)
