@@ -98,25 +98,32 @@ async def _call(http: aiohttp.ClientSession, p: Proc, key: str, method: str, pat
         return resp.status, json.loads(text)
 
 
-async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake_model: FakeModel) -> None:  # noqa: F811
-    key = await proc.start()
-    status, body = await _call(http, proc, key, "POST", "/api/agents",
+async def _sessions_that_wrote(p: Proc, http: aiohttp.ClientSession, key: str, model: FakeModel, name: str,
+                               count: int) -> list[str]:
+    """`count` sessions of a new agent `helper`, each of which wrote /workspace/<name>.txt ("<name> file")
+    in a turn (prompt "remember-<name> now")."""
+    status, body = await _call(http, p, key, "POST", "/api/agents",
                                json={"name": "helper", "systemPrompt": "You are helpful."})
     assert status == 201, body
-    fake_model.script("remember-alpha", [
+    model.script(f"remember-{name}", [
         {"content": [{"type": "tool_use", "name": "Write",
-                      "input": {"file_path": "/workspace/alpha.txt", "content": "alpha file"}}]},
+                      "input": {"file_path": f"/workspace/{name}.txt", "content": f"{name} file"}}]},
         {"content": [{"type": "text", "text": "stored"}]},
     ])
     sids = []
-    for _ in range(3):
-        status, body = await _call(http, proc, key, "POST", "/api/sessions", json={"agent": "helper"})
+    for _ in range(count):
+        status, body = await _call(http, p, key, "POST", "/api/sessions", json={"agent": "helper"})
         assert status == 201, body
-        sid = body["session"]["id"]
-        status, frames = await _call(http, proc, key, "POST", f"/api/sessions/{sid}/messages",
-                                     json={"content": "remember-alpha now"})
+        sids.append(body["session"]["id"])
+        status, frames = await _call(http, p, key, "POST", f"/api/sessions/{sids[-1]}/messages",
+                                     json={"content": f"remember-{name} now"})
         assert status == 200 and frames[-1].event == "done"
-        sids.append(sid)
+    return sids
+
+
+async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake_model: FakeModel) -> None:  # noqa: F811
+    key = await proc.start()
+    sids = await _sessions_that_wrote(proc, http, key, fake_model, "alpha", 3)
     # the second one is paused (a snapshot is taken); the first stays active: no snapshot at all
     status, body = await _call(http, proc, key, "POST", f"/api/sessions/{sids[1]}/pause")
     assert status == 200
@@ -179,22 +186,7 @@ async def test_a_stopped_server_takes_the_snapshots_it_owes_before_its_sandboxes
     """A pause's snapshot and a DELETE's final one are taken after their answers; a server told to
     stop (SIGTERM) right after takes them before its sandboxes, and their workspaces, go."""
     key = await proc.start()
-    status, body = await _call(http, proc, key, "POST", "/api/agents",
-                               json={"name": "helper", "systemPrompt": "You are helpful."})
-    assert status == 201, body
-    fake_model.script("remember-beta", [
-        {"content": [{"type": "tool_use", "name": "Write",
-                      "input": {"file_path": "/workspace/beta.txt", "content": "beta file"}}]},
-        {"content": [{"type": "text", "text": "stored"}]},
-    ])
-    sids = []
-    for _ in range(2):
-        status, body = await _call(http, proc, key, "POST", "/api/sessions", json={"agent": "helper"})
-        assert status == 201, body
-        sids.append(body["session"]["id"])
-        status, frames = await _call(http, proc, key, "POST", f"/api/sessions/{sids[-1]}/messages",
-                                     json={"content": "remember-beta now"})
-        assert status == 200 and frames[-1].event == "done"
+    sids = await _sessions_that_wrote(proc, http, key, fake_model, "beta", 2)
     status, _ = await _call(http, proc, key, "POST", f"/api/sessions/{sids[0]}/pause")
     assert status == 200
     status, _ = await _call(http, proc, key, "DELETE", f"/api/sessions/{sids[1]}")
