@@ -17,7 +17,7 @@ import errno
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 # A new session's row being inserted (see `SessionActor.create`).
-Inserted = Awaitable[Session] | concurrent.futures.Future[Session]
+Inserted = concurrent.futures.Future[Session]
 
 
 class SessionActor(StagedActor):
@@ -121,7 +121,8 @@ class SessionActor(StagedActor):
     def _first_start(self, action: str, extra: dict[str, Any] | None, *, resume_history: bool, restore: bool,
                      agent: Any = None, inserted: Inserted | None = None) -> Stage[dict[str, Any]]:
         try:
-            yield from self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent)
+            yield from self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent,
+                                           inserted=inserted)
         except ServiceError as exc:
             yield from self._stored(inserted)  # an insert that failed is the answer: nothing was stored
             yield from self._fail(exc.message)
@@ -190,7 +191,8 @@ class SessionActor(StagedActor):
             view["workspaceRestored"] = restored
         return view
 
-    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None) -> Stage[bool]:
+    def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None,
+                       inserted: Inserted | None = None) -> Stage[bool]:
         """Claim a sandbox, prepare its workspace and configure its bridge; the session holds it
         (`handle`, `conn`) only once it is ready, and a failure releases it. True when the workspace
         was restored from a snapshot."""
@@ -264,7 +266,7 @@ class SessionActor(StagedActor):
                 "contextWindow": deps.context_window,
                 "engine": deps.engine,
             }
-            conn = yield OnLoop(self._connect_and_init(handle, init, binding),
+            conn = yield OnLoop(self._connect_and_init(handle, init, binding, inserted),
                                 timeout=deps.ask_timeout + deps.init_timeout)
         except Exception:
             yield from self._release(handle, None)
@@ -276,13 +278,17 @@ class SessionActor(StagedActor):
         deps.pool.mark_ready(handle.sandbox_id)
         return restored
 
-    async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None) -> Any:
+    async def _connect_and_init(self, handle: SandboxHandle, init: dict[str, Any], binding: Any = None,
+                                inserted: Inserted | None = None) -> Any:
         """One trip to the loop: the sandbox's log, the model proxy binding and socket, the bridge
         connection and its init."""
         from ashd.sandboxing import BridgeConnection
 
         if self.deps.session_logs is not None:  # from now on the sandbox's stderr is the session's
-            await self.deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log")
+            # A new session's row may still be on its way (`create`): its lines are stored once it is.
+            ready = asyncio.wrap_future(inserted) if inserted is not None else None
+            await self.deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log",
+                                                ready)
         if binding is not None:
             self.deps.model_proxy.bind(handle.sandbox_id, binding)
         prepared = self.deps.warmer.take(handle.sandbox_id) if self.deps.warmer is not None else None
@@ -299,7 +305,8 @@ class SessionActor(StagedActor):
             conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
         sink = None
         if self.deps.session_logs is not None:
-            sink = self.deps.session_logs.setup_sink(self.session_id, self.tenant, self.deps.setup_log_lines)
+            sink = self.deps.session_logs.setup_sink(self.session_id, self.tenant, self.deps.setup_log_lines,
+                                                     asyncio.wrap_future(inserted) if inserted is not None else None)
             conn.set_log_handler(sink)
         try:
             await conn.init(init, timeout=self.deps.init_timeout)

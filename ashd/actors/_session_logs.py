@@ -52,8 +52,10 @@ class SetupSink:
     to the server log as before. `finish()` stores what is left and, when lines were cut, a note.
     """
 
-    def __init__(self, logs: SessionLogs, session_id: str, tenant: str, max_lines: int) -> None:
+    def __init__(self, logs: SessionLogs, session_id: str, tenant: str, max_lines: int,
+                 ready: asyncio.Future[Any] | None = None) -> None:
         self._logs = logs
+        self._ready = ready  # the session's row being inserted: lines are stored once it is
         self.session_id = session_id
         self.tenant = tenant
         self.max_lines = max_lines
@@ -80,6 +82,9 @@ class SetupSink:
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
     async def _write(self) -> None:
+        if self._ready is not None and not await stored(self._ready):
+            self._pending.clear()  # the session was never stored: nothing to store its lines for
+            return
         while self._pending:
             batch, self._pending = self._pending, []
             try:
@@ -101,6 +106,12 @@ class SetupSink:
         await self._write()
 
 
+async def stored(ready: asyncio.Future[Any]) -> bool:
+    """Wait for a session's row to be inserted; False when it was not (nothing is stored for it)."""
+    await asyncio.wait([ready])
+    return not ready.cancelled() and ready.exception() is None
+
+
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
@@ -113,6 +124,9 @@ class _Tail:
     offset: int
     partial: bytes = b""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # A new session's row being inserted meanwhile (`SessionActor.create`): its lines wait in the
+    # file until it is stored, and are not stored at all if it never is.
+    ready: asyncio.Future[Any] | None = None
 
 
 class LogTails:
@@ -130,17 +144,20 @@ class LogTails:
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
-    def setup_sink(self, session_id: str, tenant: str, max_lines: int) -> SetupSink:
-        return SetupSink(self.logs, session_id, tenant, max_lines)
+    def setup_sink(self, session_id: str, tenant: str, max_lines: int,
+                   ready: asyncio.Future[Any] | None = None) -> SetupSink:
+        return SetupSink(self.logs, session_id, tenant, max_lines, ready)
 
-    async def attach(self, session_id: str, tenant: str, path: Path) -> None:
-        """Follow `path` from its current end (from its start if the sandbox has not created it yet)."""
+    async def attach(self, session_id: str, tenant: str, path: Path, ready: asyncio.Future[Any] | None = None) -> None:
+        """Follow `path` from its current end (from its start if the sandbox has not created it yet).
+        `ready`: the session's row is being inserted (see `_Tail.ready`)."""
         await self.detach(session_id)
         try:
             fd: int | None = os.open(path, _OPEN_FLAGS)
         except FileNotFoundError:
             fd = None  # a sandbox started for this session: its process creates the file
-        self._tails[session_id] = _Tail(session_id, tenant, path, fd, os.fstat(fd).st_size if fd is not None else 0)
+        self._tails[session_id] = _Tail(session_id, tenant, path, fd, os.fstat(fd).st_size if fd is not None else 0,
+                                        ready=ready)
         if self._sweeper is None and not self._closed:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
 
@@ -187,6 +204,12 @@ class LogTails:
     async def _collect(self, tail: _Tail, *, final: bool) -> None:
         if not final and tail.fd is not None and os.fstat(tail.fd).st_size == tail.offset:
             return  # nothing new (the common case): no trip to a worker thread
+        if tail.ready is not None:
+            if not tail.ready.done() and not final:
+                return  # the session's row is not stored yet: the lines wait in the file
+            if not await stored(tail.ready):
+                return
+            tail.ready = None
         async with tail.lock:
             lines = await asyncio.to_thread(_read_new, tail, final)
             if lines:

@@ -28,7 +28,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _outcome(task: asyncio.Future[T]) -> concurrent.futures.Future[T]:
+def outcome_of(task: asyncio.Future[T]) -> concurrent.futures.Future[T]:
     """`task`'s outcome for an actor's stage, as a future the actor takes at once when it is already
     resolved (no trip through the loop; an insert is long done when the sandbox's start is)."""
     outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -107,7 +107,7 @@ class SessionRegistry:
             # stores anything more. Creation may install packages and run setup.sh: its budget
             # includes the setup timeout.
             return await self._changed(req.session_id,
-                                       self._proxy(req.session_id, ref).create(req, row, _outcome(inserting)),
+                                       self._proxy(req.session_id, ref).create(req, row, outcome_of(inserting)),
                                        self.timeout + self.deps.init_timeout + 10)
         except BaseException:
             if inserting.done() and not inserting.cancelled() and inserting.exception() is not None:

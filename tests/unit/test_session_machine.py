@@ -30,6 +30,7 @@ from ashd.actors._pool_types import LossReason, SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps
 from ashd.actors._session_logs import LogTails
+from ashd.actors._sessions import outcome_of
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
 from ashd.actors._warmer import Warmer
 from ashd.devtools.fake_model import FakeModel
@@ -61,7 +62,7 @@ class StallingSessions(Sessions):
         self.stalled: dict[str, asyncio.Event] = {}  # set once a call for the session waits at its gate
 
     def stall(self, sid: str, call: str = "transition") -> asyncio.Event:
-        """Hold the session's `call`s (transition, all_message_contents) until the returned gate is set."""
+        """Hold the session's `call`s (transition, insert, all_message_contents) until the returned gate is set."""
         self.stalled[sid] = asyncio.Event()
         self.gates[(sid, call)] = asyncio.Event()
         return self.gates[(sid, call)]
@@ -75,6 +76,10 @@ class StallingSessions(Sessions):
     async def transition(self, session_id: str, *args: Any, **kwargs: Any) -> Session:
         await self._gate(session_id, "transition")
         return await super().transition(session_id, *args, **kwargs)
+
+    async def insert(self, row: Session) -> Session:
+        await self._gate(row.id, "insert")
+        return await super().insert(row)
 
     def transition_soon(self, session_id: str, *args: Any, **kwargs: Any) -> Any:
         # A stalled session's transition waits on the loop; the others take the writer thread as in
@@ -115,10 +120,6 @@ class RecordingWarmer(Warmer):
     def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
         self.prepared.append(sandbox_id)
         super().prepare(sandbox_id, paths)
-
-
-async def _outcome(task: asyncio.Future[Any]) -> Any:
-    return await asyncio.shield(task)
 
 
 @dataclass
@@ -163,8 +164,8 @@ class Machine:
 
     async def create(self, agent: str = "helper", env: bytes | None = None, *, extra_env: dict[str, str] | None = None,
                      config: dict[str, Any] | None = None, credential_id: str | None = None,
-                     model: str | None = None) -> tuple[str, dict[str, Any]]:
-        sid = new_id()
+                     model: str | None = None, sid: str | None = None) -> tuple[str, dict[str, Any]]:
+        sid = sid or new_id()
         if extra_env is not None:
             env = Cipher(KEY).encrypt_json(extra_env, sid.encode())
         row = Session(id=sid, tenant_id=TENANT, agent_name=agent, model=model, status="starting",
@@ -173,7 +174,7 @@ class Machine:
         inserting = asyncio.ensure_future(self.sessions.insert(row))  # as the registry: beside the start
         req = CreateRequest(sid, TENANT, agent, None, {}, agent=self.agents[agent])
         try:
-            view: dict[str, Any] = await call(self.actor(sid).create(req, row, _outcome(inserting)), 2 * T)
+            view: dict[str, Any] = await call(self.actor(sid).create(req, row, outcome_of(inserting)), 2 * T)
         finally:
             await asyncio.wait([inserting])
         return sid, view
@@ -423,7 +424,8 @@ async def test_a_create_whose_insert_fails_stores_nothing_and_lets_its_sandbox_g
     row = Session(id=taken, tenant_id=TENANT, agent_name="helper", model=None, status="starting", config="{}")
     req = CreateRequest(taken, TENANT, "helper", None, {}, agent=machine.agents["helper"])
     with pytest.raises(Exception, match="UNIQUE|unique|duplicate"):
-        await call(machine.actor(taken).create(req, row, machine.sessions.insert(row)), 2 * T)
+        await call(machine.actor(taken).create(req, row, outcome_of(asyncio.ensure_future(machine.sessions.insert(row)))),
+                   2 * T)
     assert (await machine.row(taken)).status == "paused"  # the session that held the id is untouched
     assert await machine.lifecycle(taken) == []
     wait_for(lambda: machine.counts() == {}, T, "the sandbox started for it released")
@@ -594,7 +596,7 @@ async def test_a_delete_during_create_ends_the_created_session(machine: Machine)
     gate = machine.sessions.stall(sid)
     creating = asyncio.ensure_future(call(machine.actor(sid).create(
         CreateRequest(sid, TENANT, "helper", None, {}, agent=machine.agents["helper"]), row,
-        _outcome(asyncio.ensure_future(asyncio.sleep(0, inserted)))), 2 * T))
+        outcome_of(asyncio.ensure_future(asyncio.sleep(0, inserted)))), 2 * T))
     await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)  # configured; storing `active`
     deleting = asyncio.ensure_future(machine.ask(sid, "delete"))
     await asyncio.sleep(0.1)
@@ -1080,6 +1082,23 @@ async def test_a_delete_answers_before_its_sandbox_is_let_go(short_tmp: Path) ->
 async def _logs(machine: Machine, sid: str) -> list[tuple[str, str]]:
     assert machine.logs is not None  # from the first line on (index 0), as the API's default `after=-1`
     return [(line["source"], line["text"]) for line in await machine.logs.list(TENANT, sid, -1, 100)]
+
+
+async def test_setup_output_that_comes_before_its_session_row_is_stored_waits_for_it(short_tmp: Path) -> None:
+    """A create starts the sandbox while its row is inserted: lines the setup prints first are stored
+    once the row is (a line stored before it would have no session), before the creation answers."""
+    async with open_machine(short_tmp, logs=True) as machine:
+        (Path(machine.agents["helper"].path) / "setup.sh").write_text("echo before-the-row\n")
+        sid = new_id()
+        gate = machine.sessions.stall(sid, "insert")
+        creating = asyncio.ensure_future(machine.create(sid=sid))
+        await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)
+        await asyncio.sleep(0.5)  # the sandbox starts and its setup prints meanwhile
+        assert not creating.done()
+        gate.set()
+        _, view = await creating
+        assert view["status"] == "active"
+        assert ("setup", "before-the-row") in await _logs(machine, sid)
 
 
 async def test_setup_output_is_stored_before_creation_answers_and_a_sandbox_last_lines_when_it_goes(
