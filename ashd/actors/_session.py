@@ -55,6 +55,11 @@ _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 Inserted = concurrent.futures.Future[Session]
 
 
+def _seen(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class SessionActor(StagedActor):
     def __init__(self, deps: SessionDeps, session_id: str, tenant: str) -> None:
         super().__init__(deps.loop, deps.ask_timeout)
@@ -284,9 +289,12 @@ class SessionActor(StagedActor):
         connection and its init."""
         from ashd.sandboxing import BridgeConnection
 
+        # A new session's row may still be on its way (`create`): its lines are stored once it is.
+        ready = None
+        if inserted is not None and self.deps.session_logs is not None:
+            ready = asyncio.wrap_future(inserted)
+            ready.add_done_callback(_seen)  # its error is the create's answer, not the loop's to report
         if self.deps.session_logs is not None:  # from now on the sandbox's stderr is the session's
-            # A new session's row may still be on its way (`create`): its lines are stored once it is.
-            ready = asyncio.wrap_future(inserted) if inserted is not None else None
             await self.deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log",
                                                 ready)
         if binding is not None:
@@ -305,8 +313,7 @@ class SessionActor(StagedActor):
             conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=self.deps.ask_timeout)
         sink = None
         if self.deps.session_logs is not None:
-            sink = self.deps.session_logs.setup_sink(self.session_id, self.tenant, self.deps.setup_log_lines,
-                                                     asyncio.wrap_future(inserted) if inserted is not None else None)
+            sink = self.deps.session_logs.setup_sink(self.session_id, self.tenant, self.deps.setup_log_lines, ready)
             conn.set_log_handler(sink)
         try:
             await conn.init(init, timeout=self.deps.init_timeout)
@@ -393,22 +400,12 @@ class SessionActor(StagedActor):
         except OSError:
             too_large = None  # the snapshot itself says what is wrong with the tree
         self.row = yield from self._transition("ended", "ended", extra={"snapshot": too_large} if too_large else None)
-        handle, conn = self.handle, self.conn
-        self.handle, self.conn, self._live_changes = None, None, None
-        if self.deps.warmer is not None:
-            self.deps.warmer.discard(handle.sandbox_id)
+        if too_large is not None:
+            self._drop_sandbox_soon()
+            return session_json(self.row)
         taken: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        if too_large is None:
-            self._owe_snapshot(workspace, taken)
-        else:
-            taken.set_result(None)
-        loop, pool, let_go = self.deps.loop, self.deps.pool, self._let_go
-
-        def release(_: concurrent.futures.Future[Any]) -> None:  # on the snapshot actor's thread
-            done = spawn_on_loop(loop, let_go(handle, conn), "letting an ended session's sandbox go")
-            pool.release(handle.sandbox_id, after=done)
-
-        taken.add_done_callback(release)
+        self._owe_snapshot(workspace, taken)
+        self._drop_sandbox_soon(after=taken)
         return session_json(self.row)
 
     def _end(self, status: str, extra: dict[str, Any] | None, *, wait: bool, **values: Any) -> Stage[dict[str, Any]]:
@@ -663,19 +660,29 @@ class SessionActor(StagedActor):
         self.handle, self.conn = None, None
         yield from self._release(handle, conn)
 
-    def _drop_sandbox_soon(self) -> None:
+    def _drop_sandbox_soon(self, after: concurrent.futures.Future[Any] | None = None) -> None:
         """`_drop_sandbox` without waiting: the pool counts the sandbox gone now and stops it once
-        the bridge was asked to shut down, its last log lines stored and its model proxy detached."""
+        the bridge was asked to shut down, its last log lines stored and its model proxy detached.
+        With `after`, all of that waits until it is done (a DELETE's final snapshot, stored from the
+        workspace the sandbox holds); the session holds the sandbox no more from now on either way."""
         handle, conn = self.handle, self.conn
         self.handle, self.conn = None, None
         self._live_changes = None
         if handle is not None and self.deps.warmer is not None:
             self.deps.warmer.discard(handle.sandbox_id)
-        done = None
-        if conn is not None or handle is not None:
-            done = spawn_on_loop(self.deps.loop, self._let_go(handle, conn), "letting a session's sandbox go")
-        if handle is not None:
-            self.deps.pool.release(handle.sandbox_id, after=done)
+        if conn is None and handle is None:
+            return
+        loop, pool, let_go = self.deps.loop, self.deps.pool, self._let_go
+
+        def go(_: concurrent.futures.Future[Any] | None = None) -> None:  # `after`'s thread, or this one
+            done = spawn_on_loop(loop, let_go(handle, conn), "letting a session's sandbox go")
+            if handle is not None:
+                pool.release(handle.sandbox_id, after=done)
+
+        if after is None:
+            go()
+        else:
+            after.add_done_callback(go)
 
     def _release(self, handle: SandboxHandle | None, conn: Any) -> Stage[None]:
         self._live_changes = None  # the next sandbox's init reads the stored config

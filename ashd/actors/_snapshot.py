@@ -29,7 +29,6 @@ from typing import Any, cast
 import pykka
 from pykka.typing import ActorMemberMixin, proxy_method
 
-from ashd.actors._activity import Activity
 from ashd.actors._aio import AioActor
 from ashd.actors._owed import OwedSnapshots, TakeOwed
 from ashd.errors import ServiceError, StorageFull
@@ -72,7 +71,6 @@ class SnapshotActor(AioActor):
         retry_seconds: float = 60.0,
         max_bytes: int | None = None,
         board: SnapshotBoard | None = None,
-        activity: Activity | None = None,
         owed: OwedSnapshots | None = None,
     ) -> None:
         super().__init__()
@@ -87,7 +85,7 @@ class SnapshotActor(AioActor):
         self._settle_ns = SETTLE_NS
         self._timer: threading.Timer | None = None
         # Snapshots that can wait for a quiet moment, by session (`snapshot_soon`, `_owed.py`).
-        self.owed = owed or OwedSnapshots(activity)
+        self.owed = owed or OwedSnapshots(None)  # without an Activity: taken at once
 
     def on_start(self) -> None:
         self.owed.attach(self.actor_ref)

@@ -61,22 +61,6 @@ class Database:
             _raise_mapped(exc)
             raise
 
-    def submit_tx(self, fn: Callable[[SyncSession], T]) -> Future[T] | None:
-        """`fn(session)` as one transaction started now on SQLite's writer thread, from any thread (an
-        actor's); its future resolves there. None where there is no writer thread (PostgreSQL, an
-        in-memory database): await `run_tx` on the loop instead."""
-        writer = self._writer
-        if writer is None:
-            return None
-        return self._submitted(lambda: writer.submit(fn, _mapped_call))
-
-    @staticmethod
-    def _submitted(submit: Callable[[], Future[T]]) -> Future[T]:
-        try:
-            return submit()
-        except RuntimeError as exc:  # the writer thread is shut down: the server is stopping
-            raise Unavailable("the service is shutting down; try again") from exc
-
     async def run_direct(self, fn: Callable[[Statements], T]) -> T:
         """`fn(statements)` as one transaction of prebuilt statements (`_direct.py`): on the SQLite
         writer thread, or through the async engine (PostgreSQL, an in-memory database)."""
@@ -101,7 +85,10 @@ class Database:
         try:
             done.set_result(_mapped_call(lambda: writer.direct(fn, wait_ms=INLINE_WAIT_MS)))
         except WriterBusy:
-            return self._submitted(lambda: writer.submit_direct(fn, _mapped_call))
+            try:
+                return writer.submit_direct(fn, _mapped_call)
+            except RuntimeError as exc:  # the writer thread is shut down: the server is stopping
+                raise Unavailable("the service is shutting down; try again") from exc
         except WriterClosed:  # the server is stopping
             done.set_exception(Unavailable("the service is shutting down; try again"))
         except Exception as exc:  # noqa: BLE001 - the future carries the error to its reader

@@ -107,7 +107,8 @@ class SqliteWriter:
             self._lock.release()
 
     def submit_direct(self, fn: Callable[[Statements], T], wrap: Callable[[Callable[[], T]], T]) -> Future[T]:
-        """`direct` on the writer thread, waiting as long as it takes (see `submit`)."""
+        """`direct` on the writer thread, from any thread, waiting as long as it takes; `wrap(run)`
+        runs it (it maps the errors the way `Database.run_direct` does)."""
         return self._thread.submit(wrap, lambda: self.direct(fn))
 
     async def run_direct(self, fn: Callable[[Statements], T]) -> T:
@@ -123,12 +124,6 @@ class SqliteWriter:
 
     async def run(self, fn: Callable[[SyncSession], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, fn)
-
-    def submit(self, fn: Callable[[SyncSession], T], wrap: Callable[[Callable[[], T]], T]) -> Future[T]:
-        """Start `fn` as one transaction on the writer thread from any thread, the loop not involved:
-        an actor that hands its write here and is told the outcome saves two loop crossings.
-        `wrap(run)` runs it (it maps the errors the way `Database.run_tx` does)."""
-        return self._thread.submit(wrap, lambda: self._run(fn))
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # already shut down

@@ -183,7 +183,7 @@ async def test_a_pause_snapshot_waits_for_a_quiet_moment_but_never_behind_a_read
     when the front end goes quiet; dropped by a delete; taken by a stopping actor."""
     activity = Activity(quiet_s=0.005, at_most_s=3600)  # only quiet counts here, never the bound
     data = tmp_path / "data"
-    ref = SnapshotActor.start(data / "snapshots", keep=5, activity=activity)
+    ref = SnapshotActor.start(data / "snapshots", keep=5, owed=OwedSnapshots(activity))
     actor = snapshot_proxy(ref)
     ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "paused")
     activity.begin()  # a request in flight

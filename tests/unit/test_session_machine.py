@@ -25,6 +25,7 @@ from sqlalchemy import delete, update
 
 from ashd.actors._activity import Activity
 from ashd.actors._aio import call
+from ashd.actors._owed import OwedSnapshots
 from ashd.actors._pool import PoolActor, PoolConfig
 from ashd.actors._pool_types import LossReason, SandboxLost
 from ashd.actors._session import SessionActor
@@ -240,7 +241,8 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
     warmer = RecordingWarmer(asyncio.get_running_loop(), model_proxy, T)
     pool_ref = PoolActor.start(PoolConfig(max_capacity=3, prewarm=prewarm, idle_timeout=3600.0, shutdown_grace=1.0),
                                launcher, spec_for, None, lost.append, warmer)
-    snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes, activity=activity)
+    snapshot_ref = (SnapshotActor.start(short_tmp / "snapshots", max_bytes=snapshot_max_bytes,
+                                        owed=OwedSnapshots(activity))
                     if snapshots or snapshot_max_bytes is not None else None)
     m = Machine(StallingSessions(db), pool_ref.proxy(), launcher, agents, Credentials(db, cipher), warmer,
                 snapshots=snapshot_proxy(snapshot_ref) if snapshot_ref is not None else None,
