@@ -54,7 +54,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from ashd.bridge._warm import warm_when_idle
 
     # The first turn's page copies, made while a spare waits for its session (ashd/bridge/_warm.py).
-    warming = loop.create_task(warm_when_idle(lambda: server.engine is None))
+    warming = loop.create_task(warm_when_idle(lambda: server.engine is None, server.connected))
     try:
         return await server.serve()
     finally:

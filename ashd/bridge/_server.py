@@ -29,6 +29,7 @@ class BridgeServer:
         self.engine: AnyEngine | None = None
         self.conn: Connection | None = None
         self._stop = asyncio.Event()
+        self.connected = asyncio.Event()  # the first connection came (the server's, or its warmer's)
 
     async def serve(self) -> int:
         with contextlib.suppress(FileNotFoundError):
@@ -98,6 +99,7 @@ class Connection:
         self.reader = p.FrameReader(sock)
         self.writer = p.FrameWriter(sock)
         self.greeted = False
+        server.connected.set()
         self.protocol = 1
         self.queries: dict[str, asyncio.Task[None]] = {}
         self.interrupt_reasons: dict[str, str] = {}  # query id -> why the server interrupted it

@@ -143,17 +143,24 @@ def warm() -> None:
     asyncio.run(_both())
 
 
-# Soon after the start: a spare is often claimed within a second of its start (sessions created in a
-# row), and a first message in a bridge not warmed again took 8.5 ms to its first frame against 5.5
-# (scripts/bench_sessions.py; docs/performance.md, sixth pass). Not at once: a bridge started for a
-# session that is waiting for it (no spare was left) is given it within this time, and skips it.
+# Soon after the bridge's first connection: a spare is often claimed within a second of its start
+# (sessions created in a row), and a first message in a bridge not warmed again took 8.5 ms to its
+# first frame against 5.5 (scripts/bench_sessions.py; docs/performance.md, sixth pass). A spare's
+# first connection is the server's warmer's, made as the spare joins the pool, and no `init`
+# follows it; a bridge started for a session that waits for it (no spare was left) gets the
+# session's `init` right behind its first connection, and skips the warm-up. Counted from the
+# connection, not the process's start: how long a start takes depends on the host's load.
 IDLE_S = 0.02
 
 
-async def warm_when_idle(idle: Callable[[], bool], after_s: float = IDLE_S) -> None:
-    """The bridge's own warm-up (see above), once it has been `idle()` for `after_s` seconds, each
-    of its two parts only while still idle; a failure only costs the first turn its speed."""
+async def warm_when_idle(idle: Callable[[], bool], connected: asyncio.Event | None = None,
+                         after_s: float = IDLE_S) -> None:
+    """The bridge's own warm-up (see above), once it has been `idle()` for `after_s` seconds after
+    its first connection (`connected`), each of its two parts only while still idle; a failure only
+    costs the first turn its speed."""
     log = logging.getLogger(__name__)
+    if connected is not None:
+        await connected.wait()
     await asyncio.sleep(after_s)
     if not idle():
         log.debug("bridge warm-up skipped: the session came first")
