@@ -154,8 +154,8 @@ def bwrap_argv(
     return cmd
 
 
-def cgroup_wrapper(procs_files: Sequence[Path], argv: Sequence[str]) -> list[str]:
-    """`sh` joins every cgroup with its own pid, then execs: race-free, no preexec_fn in a threaded
-    server."""
-    joins = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in procs_files)
+def cgroup_wrapper(join_files: Sequence[Path], argv: Sequence[str]) -> list[str]:
+    """`sh` joins every cgroup itself ("0": the writer; see `SandboxCgroup.join_files`), then
+    execs: race-free, no preexec_fn in a threaded server."""
+    joins = "".join(f"echo 0 > {shlex.quote(str(p))} && " for p in join_files)
     return ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv]

@@ -326,7 +326,7 @@ class SandboxLauncher:
         try:
             cmd = bwrap_argv(plan, env, argv, netns=netns, seccomp_fd=fd, bwrap=self.config.bwrap)
             if cgroup is not None:
-                cmd = cgroup_wrapper(cgroup.procs_files, cmd)
+                cmd = cgroup_wrapper(cgroup.join_files, cmd)
             return self._popen(cmd, {}, "/", log_path, pass_fds=(fd,))
         finally:
             os.close(fd)
@@ -353,7 +353,8 @@ class SandboxLauncher:
             "netns": netns,
             "plan": [m.to_json() for m in plan],
             "newroot": str(self.sandboxes_dir / ".newroot"),
-            "cgroup_procs": [str(p) for p in cgroup.procs_files] if cgroup else [],
+            "cgroup_join": [str(p) for p in cgroup.join_files] if cgroup else [],
+            "cgroup_dir": str(cgroup.dirs["unified"]) if cgroup and cgroup.version == "v2" else None,
             "log": str(log_path),
             "seccomp": self._program(spec).hex(),
         }
@@ -373,7 +374,7 @@ class SandboxLauncher:
         if os.access("/usr/bin/setpriv", os.X_OK):
             argv = ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *argv]
         if cgroup is not None:
-            argv = cgroup_wrapper(cgroup.procs_files, argv)
+            argv = cgroup_wrapper(cgroup.join_files, argv)
         return self._popen(argv, env, str(spec.paths.workspace), log_path)
 
     @staticmethod

@@ -16,6 +16,7 @@ an OOM kill from other deaths. It must stay single-threaded: it forks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import importlib
 import json
@@ -71,6 +72,7 @@ class _Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.buf = b""
+        self.clone_into_cgroup = True
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")
@@ -78,7 +80,7 @@ class _Zygote:
     def spawn(self, req: dict[str, Any]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = child.fork_into_new_pid_namespace()
+        pid = self._fork(req)
         if pid == 0:
             try:
                 child.reset_after_fork(self.sock, [self.wake_r, self.wake_w])
@@ -87,6 +89,23 @@ class _Zygote:
             finally:
                 os._exit(127)
         return pid
+
+    def _fork(self, req: dict[str, Any]) -> int:
+        """The sandbox's init, born in its cgroup where the kernel can (v2, Linux 5.7+), else it
+        joins the cgroup itself; `req["born_in_cgroup"]` tells it which."""
+        req["born_in_cgroup"] = False
+        if req.get("cgroup_dir") and self.clone_into_cgroup:
+            fd = os.open(req["cgroup_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                req["born_in_cgroup"] = True  # as the child sees it, once the clone succeeds
+                return child.fork_into_new_pid_namespace(fd)
+            except OSError as exc:  # nothing was forked: the old way below
+                req["born_in_cgroup"] = False
+                if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.E2BIG):
+                    self.clone_into_cgroup = False  # this kernel has no clone3 or no CLONE_INTO_CGROUP
+            finally:
+                os.close(fd)  # the parent's, and the child's copy of it
+        return child.fork_into_new_pid_namespace()
 
     def reap(self) -> None:
         while True:

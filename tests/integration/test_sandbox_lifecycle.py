@@ -146,6 +146,25 @@ def test_cleanup_leaves_no_process_cgroup_or_socket(launcher: SandboxLauncher) -
     assert list(proc.paths.run.glob("*.sock")) == []
 
 
+def test_every_sandbox_process_is_in_each_of_its_cgroups(launcher: SandboxLauncher) -> None:
+    """The join (v1: a thread's own move into `tasks`) takes the whole sandbox: its init, the
+    payload and the payload's children, in every controller's cgroup, and nothing else there."""
+    proc = _start_double(launcher, "joined", "stubborn", children=2)
+    try:
+        assert proc.cgroup is not None
+        wait_for(lambda: len(proc._payload_pids()) >= 3, 30, "the double's children")
+        root = psutil.Process(proc.pid)  # the tree as the host sees it, not as the cgroup says
+        pids = {proc.pid} | {c.pid for c in root.children(recursive=True)}
+        assert len(pids) >= 4
+        for controller, directory in proc.cgroup.dirs.items():
+            members = {int(p) for p in (directory / "cgroup.procs").read_text().split()}
+            assert members == pids, controller
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.cleanup()
+
+
 def test_a_killed_sandbox_is_reaped_whole_when_wait_returns(launcher: SandboxLauncher) -> None:
     proc = _start_double(launcher, "reaped", "stubborn", children=3)
     assert proc.cgroup is not None

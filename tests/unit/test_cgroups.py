@@ -99,7 +99,7 @@ def test_v2_sandbox_limits_oom_usage_and_listing(tmp_path: Path) -> None:
     assert (d / "memory.swap.max").read_text() == "0"
     assert (d / "pids.max").read_text() == "32"
     assert (d / "cpu.max").read_text() == "50000 100000"
-    assert cg.procs_files == [d / "cgroup.procs"]
+    assert cg.join_files == [d / "cgroup.procs"]
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\noom_group_kill 0\n")
     (d / "memory.current").write_text("123456\n")
     (d / "cgroup.procs").write_text("7\n8\n")
@@ -125,7 +125,7 @@ def test_v1_sandbox_limits_and_oom_counter(tmp_path: Path) -> None:
     assert (cg.dirs["pids"] / "pids.max").read_text() == "32"
     assert (cg.dirs["cpu"] / "cpu.cfs_period_us").read_text() == "100000"
     assert (cg.dirs["cpu"] / "cpu.cfs_quota_us").read_text() == "50000"
-    assert len(cg.procs_files) == 3
+    assert cg.join_files == [d / "tasks" for d in cg.dirs.values()]
     (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     assert cg.oom_kills() == 2
 
@@ -193,7 +193,7 @@ def test_cpu_time_is_read_from_the_accounting_of_each_version(tmp_path: Path) ->
     tree1.setup()
     cg1 = tree1.create("sbx", LIMITS)
     assert set(cg1.dirs) == {"memory", "pids", "cpu", "cpuacct"}  # the process joins cpuacct too
-    assert len(cg1.procs_files) == 4
+    assert len(cg1.join_files) == 4
     (cg1.dirs["cpuacct"] / "cpuacct.usage").write_text("1500000000\n")
     assert cg1.cpu_seconds() == 1.5
 
