@@ -26,7 +26,7 @@ import pykka
 from ashd.actors._activity import Activity
 from ashd.actors._aio import AioActor
 from ashd.actors._board import StatsBoard
-from ashd.actors._pool_types import LossReason, PoolState, SandboxHandle, SandboxLost
+from ashd.actors._pool_types import Launching, LossReason, PoolState, SandboxHandle, SandboxLost
 from ashd.actors._readiness import wait_bridge_ready
 from ashd.errors import CapacityError, SandboxError, ServiceError, StorageFull
 from ashd.sandboxing import ExitInfo, SandboxSpec
@@ -63,7 +63,8 @@ class _Entry:
     # False from a claim until the session has configured the sandbox (mark_ready): a sandbox
     # being configured (agent files, setup.sh) is neither idle nor evictable.
     configured: bool = False
-    # A pre-warmed sandbox being started off the actor (disk image, launch): its result is the proc.
+    # A sandbox being started off the actor (a spare, or a claim's when no spare could serve it;
+    # disk image, launch): its result is the proc.
     starting: Future[Any] | None = None
 
     @property
@@ -114,6 +115,8 @@ class PoolActor(AioActor):
         self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pool-worker")
         # Separate from the workers: a destroy (on a worker) may wait for a start to finish.
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-starter")
+        # Claims that found no spare launch here, several at once (a burst of creates).
+        self._launches = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pool-launch")
         self._stopping = threading.Event()
         # Set when a claim found no spare (a burst, or the pool is stopping): a spare waiting for a
         # quiet moment starts at once, the next claim needs it.
@@ -136,8 +139,9 @@ class PoolActor(AioActor):
         # In parallel: each shutdown ladder may wait its grace period. Queued destroys still run.
         for entry in entries:
             self._workers.submit(self._destroy_now, entry)
-        self._workers.shutdown(wait=True)
+        self._workers.shutdown(wait=True)  # its destroys wait for the launches they take away
         self._starter.shutdown(wait=True)
+        self._launches.shutdown(wait=True)
 
     # --- queries -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -160,8 +164,8 @@ class PoolActor(AioActor):
 
     # --- claims and transitions ---------------------------------------------------------------
     def claim(self, tenant: str, session_id: str, network: bool = False, seccomp: str = "default",
-              disk_bytes: int | None = None) -> SandboxHandle:
-        """A sandbox for this session: a pre-warmed one when possible, else a fresh one.
+              disk_bytes: int | None = None) -> SandboxHandle | Launching:
+        """A sandbox for this session: a pre-warmed one when possible, else a fresh one (`Launching`).
 
         Pre-warmed sandboxes have no network, the default seccomp profile and a disk of the
         default size, so a session that needs network, another profile or another disk size always
@@ -188,10 +192,14 @@ class PoolActor(AioActor):
                 return self._handle(starting, prewarmed=False)
         self._hurry.set()
         self._make_room()
-        entry = self._launch(network, seccomp, disk_bytes)
+        # Launched off this thread: a claim that is counted (capacity) and assigned at once, as a
+        # warming sandbox of its session, which waits for `Launching.handle`.
+        entry = self._new_entry(network, seccomp)
         self._assign(entry, tenant, session_id, PoolState.WARMING)
+        launched: Future[SandboxHandle] = Future()
+        entry.starting = self._launches.submit(self._launch_claimed, entry, disk_bytes, launched)
         self._publish()
-        return self._handle(entry, prewarmed=False)
+        return Launching(entry.sandbox_id, launched)
 
     def _handle(self, entry: _Entry, prewarmed: bool) -> SandboxHandle:
         paths = self._launcher.paths_for(entry.sandbox_id)
@@ -399,24 +407,44 @@ class PoolActor(AioActor):
         entry.disk_bytes = spec.limits.disk_bytes
         return self._launcher.launch(spec)
 
-    def _launch(self, network: bool, seccomp: str = "default", disk_bytes: int | None = None) -> _Entry:
-        """A fresh sandbox for a claim, started here: the claiming session waits for it anyway."""
-        entry = self._new_entry(network, seccomp)
-        sandbox_id = entry.sandbox_id
+    def _launch_claimed(self, entry: _Entry, disk_bytes: int | None, launched: Future[SandboxHandle]) -> Any:
+        """Launch thread: a claimed sandbox's disk image and process, handed back (`_claim_launched`)."""
+        proc, error = None, None
         try:
-            entry.proc = self._prepare_and_launch(entry, disk_bytes)
-        except Exception as exc:
-            self._entries.pop(sandbox_id, None)
-            self._workers.submit(self._destroy_now, entry)
-            if isinstance(exc, CapacityError):  # no room on the data disk for its image: say so
-                log.warning("sandbox launch refused: %s", exc.message, extra={"sandboxId": sandbox_id})
-                raise
-            log_failure(log, "sandbox launch failed", exc, sandboxId=sandbox_id)
-            # The exception's text may name host paths; clients get its kind, the log the rest.
-            raise SandboxError(f"Sandbox could not be started ({type(exc).__name__}); the details are in "
-                               "the server log") from exc
-        entry.state = PoolState.WARMING
-        return entry
+            proc = self._prepare_and_launch(entry, disk_bytes)
+        except Exception as exc:  # noqa: BLE001 - the claimer's answer, told through the actor
+            error = exc
+        try:
+            self.actor_ref.tell(_Call("_claim_launched", (entry, proc, error, launched)))
+        except pykka.ActorDeadError:  # stopping: the entry's destroy waits for this start and cleans up
+            launched.set_exception(SandboxError("The server is stopping; the sandbox was not started"))
+        return proc
+
+    def _claim_launched(self, entry: _Entry, proc: Any, error: Exception | None,
+                        launched: Future[SandboxHandle]) -> None:
+        sandbox_id = entry.sandbox_id
+        if self._entries.get(sandbox_id) is not entry:
+            # Released meanwhile (the claimer gave up): its destroy waits for this start.
+            launched.set_exception(SandboxError("The sandbox was released while it started"))
+            return
+        entry.starting = None
+        if error is None:
+            entry.proc = proc
+            launched.set_result(self._handle(entry, prewarmed=False))
+            return
+        self._entries.pop(sandbox_id, None)
+        self._workers.submit(self._destroy_now, entry)
+        self._publish()
+        if isinstance(error, CapacityError):  # no room on the data disk for its image: say so
+            log.warning("sandbox launch refused: %s", error.message, extra={"sandboxId": sandbox_id})
+            launched.set_exception(error)
+            return
+        log_failure(log, "sandbox launch failed", error, sandboxId=sandbox_id)
+        # The exception's text may name host paths; clients get its kind, the log the rest.
+        failure = SandboxError(f"Sandbox could not be started ({type(error).__name__}); the details are in "
+                               "the server log")
+        failure.__cause__ = error
+        launched.set_exception(failure)
 
     def _refill_later(self) -> None:
         if not self._stopping.is_set():

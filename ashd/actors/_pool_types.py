@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,17 @@ class SandboxHandle:
     # Whether the pool still holds this sandbox and its process runs: read from the session's
     # thread without asking the pool (a warm resume checks it). None: ask the pool (`is_alive`).
     alive: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Launching:
+    """A claim's answer when no spare could serve it: the pool launches a sandbox off its thread
+    (its disk image and process take 5-20 ms, during which other claims and asks are answered), and
+    `handle` resolves once it is launched, or with the launch's error. The sandbox is the claiming
+    session's from now on: a claimer that gives up releases `sandbox_id`."""
+
+    sandbox_id: str
+    handle: Future[SandboxHandle] = field(compare=False, repr=False)
 
 
 class LossReason(enum.Enum):

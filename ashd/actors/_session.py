@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ashd.actors._aio import Later, spawn_on_loop
-from ashd.actors._pool_types import SandboxHandle, SandboxLost
+from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
 from ashd.actors._staged import OnLoop, Stage, StagedActor, staged
 from ashd.actors._turn import EVENT_BLOCK
@@ -221,8 +221,15 @@ class SessionActor(StagedActor):
         seccomp = deps.seccomp_profile(self.tenant, row.agent_name)
         disk_mb = config.get("diskMb") or getattr(agent, "disk_mb", None)
         disk_bytes = int(disk_mb) * 1024 * 1024 if disk_mb else None
-        handle: SandboxHandle = (deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
-                                 .get(timeout=deps.ask_timeout))
+        claimed = deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes).get(
+            timeout=deps.ask_timeout)
+        if isinstance(claimed, Launching):  # no spare: the pool launches one off its thread
+            try:
+                claimed = yield claimed.handle
+            except GeneratorExit:  # the actor stopped meanwhile: the sandbox is not ours to keep
+                deps.pool.release(claimed.sandbox_id)
+                raise
+        handle: SandboxHandle = claimed
         try:
             binding = None
             if deps.model_proxy is not None:

@@ -3,6 +3,7 @@ loss detection, tenant separation and a clean stop. What HTTP cannot reach is te
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import sys
@@ -10,13 +11,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pykka
 import pytest
 
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
-from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
+from ashd.actors._pool_types import Launching, LossReason, SandboxHandle, SandboxLost
 from ashd.actors._readiness import wait_bridge_ready
-from ashd.errors import CapacityError
+from ashd.errors import CapacityError, SandboxError
 from ashd.sandboxing import SandboxLauncher, SandboxSpec
 from tests.fixtures.sandboxes import FIXTURES, TEST_LIMITS, require_isolation, started_launcher, wait_for
 
@@ -62,7 +64,10 @@ class Harness:
         wait_for(lambda: self.counts() == expected, 30, f"pool counts {expected}")
 
     def claim(self, tenant: str, session: str, network: bool = False) -> SandboxHandle:
-        handle: SandboxHandle = self.pool.claim(tenant, session, network).get(timeout=ASK)
+        claimed = self.pool.claim(tenant, session, network).get(timeout=ASK)
+        if isinstance(claimed, Launching):  # no spare: launched off the pool's thread
+            claimed = claimed.handle.result(timeout=ASK)
+        handle: SandboxHandle = claimed
         return handle
 
     def configure(self, handle: SandboxHandle) -> None:
@@ -137,6 +142,50 @@ def test_fresh_claim_warming_to_waiting(make_pool: Callable[..., Harness]) -> No
     h.configure(handle)
     assert h.counts() == {"waiting": 1}
     assert h.stats()["preWarmHits"] == 0
+
+
+def test_claims_with_no_spare_are_answered_before_their_launches(make_pool: Callable[..., Harness]) -> None:
+    """A claim that finds no spare is answered at once (`Launching`) and launched off the pool's
+    thread, so a burst of them launches side by side and the pool answers meanwhile."""
+    h = make_pool()
+    answers = [h.pool.claim("t", f"s{n}").get(timeout=ASK) for n in range(3)]
+    assert all(isinstance(a, Launching) for a in answers)
+    assert h.stats()["total"] == 3  # counted (capacity) and assigned from the claim on
+    handles = [a.handle.result(timeout=ASK) for a in answers]
+    assert [hd.sandbox_id for hd in handles] == [a.sandbox_id for a in answers]
+    assert h.counts() == {"warming": 3}
+    for handle in handles:
+        h.configure(handle)
+        assert h.pool.mark_running(handle.sandbox_id).get(timeout=ASK) is True
+    assert h.counts() == {"running": 3}
+
+
+def test_a_sandbox_released_while_it_launches_is_destroyed(make_pool: Callable[..., Harness]) -> None:
+    h = make_pool()
+    launching = h.pool.claim("t", "gave-up").get(timeout=ASK)
+    assert isinstance(launching, Launching)
+    h.pool.release(launching.sandbox_id).get(timeout=ASK)  # the session stopped before the launch ended
+    with contextlib.suppress(SandboxError):  # released before or after the launch: either way it goes
+        launching.handle.result(timeout=ASK)
+    assert h.counts() == {}
+    paths = h.launcher.paths_for(launching.sandbox_id)
+    wait_for(lambda: not paths.root.exists(), 30, "the released sandbox's directories to go")
+    assert not any(launching.sandbox_id in " ".join(p.info["cmdline"] or ())
+                   for p in psutil.process_iter(["cmdline"]))
+
+
+def test_a_launch_that_fails_is_the_claims_answer(make_pool: Callable[..., Harness],
+                                                   launcher: SandboxLauncher) -> None:
+    def refuse(sandbox_id: str, network: bool) -> SandboxSpec:
+        raise OSError(28, "No space left on device: /srv/secret/path")
+
+    h = make_pool(spec_for=refuse)
+    launching = h.pool.claim("t", "s1").get(timeout=ASK)
+    assert isinstance(launching, Launching)
+    with pytest.raises(SandboxError, match="could not be started \\(OSError\\); the details are in the server log"):
+        launching.handle.result(timeout=ASK)
+    assert h.counts() == {}  # nothing left counted against the capacity
+    wait_for(lambda: not launcher.paths_for(launching.sandbox_id).root.exists(), 30, "its directories to go")
 
 
 def test_claim_takes_over_a_generic_sandbox_still_warming(make_pool: Callable[..., Harness]) -> None:

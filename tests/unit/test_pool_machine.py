@@ -21,7 +21,7 @@ from ashd import runtime as runtime_module
 from ashd.actors import Activity
 from ashd.actors import _pool as pool_module
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
-from ashd.actors._pool_types import LossReason, SandboxHandle, SandboxLost
+from ashd.actors._pool_types import Launching, LossReason, SandboxHandle, SandboxLost
 from ashd.actors._warmer import Warmer
 from ashd.errors import CapacityError, PayloadTooLarge, SandboxError, StorageError, StorageFull
 from ashd.sandboxing._types import SandboxSpec
@@ -30,6 +30,11 @@ from tests.fixtures.sandboxes import wait_for
 
 STATES = ("cold", "warming", "warm", "waiting", "running")
 ASK = 30.0
+
+
+def claimed(answer: SandboxHandle | Launching) -> SandboxHandle:
+    """A claim's sandbox: a spare's at once, a launched one once its launch ends (or its error)."""
+    return answer.handle.result(timeout=ASK) if isinstance(answer, Launching) else answer
 
 
 class Pool:
@@ -71,8 +76,7 @@ class Pool:
         wait_for(lambda: self.counts() == expected, 30, f"pool counts {expected}")
 
     def claim(self, tenant: str, session: str, network: bool = False) -> SandboxHandle:
-        handle: SandboxHandle = self.actor.claim(tenant, session, network).get(timeout=ASK)
-        return handle
+        return claimed(self.actor.claim(tenant, session, network).get(timeout=ASK))
 
     def ready(self, handle: SandboxHandle) -> None:
         """What a session does once it has configured its sandbox."""
@@ -310,7 +314,7 @@ def test_a_claimed_sandbox_stays_its_sessions_when_its_bridge_comes_up(make_pool
 def test_a_size_is_no_reason_to_skip_the_warm_set_without_disk_quotas(make_pool: Callable[..., Pool]) -> None:
     pool = make_pool(prewarm=1)
     pool.wait_counts({"warm": 1})
-    handle: SandboxHandle = pool.actor.claim("t", "s1", False, "default", 123 * 1024 * 1024).get(timeout=ASK)
+    handle: SandboxHandle = claimed(pool.actor.claim("t", "s1", False, "default", 123 * 1024 * 1024).get(timeout=ASK))
     assert handle.prewarmed  # this launcher has no disk quotas: every sandbox serves every size
 
 
@@ -360,19 +364,19 @@ def test_what_a_claim_asks_for_is_what_the_sandbox_is_launched_with(make_pool: C
     pool = make_pool(disk_quota=True, prewarm=1, max_capacity=7)
     pool.wait_counts({"warm": 1})
     default_size = pool.launcher.specs[next(iter(pool.launcher.specs))].limits.disk_bytes
-    plain: SandboxHandle = pool.actor.claim("t", "plain").get(timeout=ASK)  # defaults: no network
+    plain: SandboxHandle = claimed(pool.actor.claim("t", "plain").get(timeout=ASK))  # defaults: no network
     assert plain.prewarmed and not pool.launcher.specs[plain.sandbox_id].network
-    traced: SandboxHandle = pool.actor.claim("t", "traced", False, "ptrace").get(timeout=ASK)
+    traced: SandboxHandle = claimed(pool.actor.claim("t", "traced", False, "ptrace").get(timeout=ASK))
     assert not traced.prewarmed and pool.launcher.specs[traced.sandbox_id].seccomp == "ptrace"
     # Whatever its name: a profile that sorts before "default" (a future one) is no default either.
-    other: SandboxHandle = pool.actor.claim("t", "other", False, "browser").get(timeout=ASK)
+    other: SandboxHandle = claimed(pool.actor.claim("t", "other", False, "browser").get(timeout=ASK))
     assert not other.prewarmed and pool.launcher.specs[other.sandbox_id].seccomp == "browser"
-    big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * mib).get(timeout=ASK)
+    big: SandboxHandle = claimed(pool.actor.claim("t", "big", False, "default", 300 * mib).get(timeout=ASK))
     assert not big.prewarmed and big.disk_bytes == 300 * mib
     assert pool.launcher.specs[big.sandbox_id].limits.disk_bytes == 300 * mib
     pool.wait_counts({"warm": 1, "waiting": 1, "warming": 3})
     size = int(str(default_size))  # equal, not the same object
-    same: SandboxHandle = pool.actor.claim("t", "same", False, "default", size).get(timeout=ASK)
+    same: SandboxHandle = claimed(pool.actor.claim("t", "same", False, "default", size).get(timeout=ASK))
     assert same.prewarmed  # the warm spare has the default size
 
 
@@ -573,7 +577,7 @@ def test_a_spare_still_warming_is_not_taken_over_for_another_disk_size(make_pool
     pool = make_pool(disk_quota=True, prewarm=1, hold_bridges=True)
     pool.wait_counts({"warming": 1})
     (spare,) = pool.launcher.procs
-    big: SandboxHandle = pool.actor.claim("t", "big", False, "default", 300 * 1024 * 1024).get(timeout=ASK)
+    big: SandboxHandle = claimed(pool.actor.claim("t", "big", False, "default", 300 * 1024 * 1024).get(timeout=ASK))
     assert big.sandbox_id != spare and big.disk_bytes == 300 * 1024 * 1024
     pool.launcher.release_all()
 
@@ -687,7 +691,7 @@ def test_a_warm_spare_of_another_disk_size_is_not_handed_out(make_pool: Callable
     pool.wait_counts({"warm": 1})
     (spare,) = pool.launcher.procs
     for size in (300 * mib, 4096 * mib):
-        handle: SandboxHandle = pool.actor.claim("t", f"s{size}", False, "default", size).get(timeout=ASK)
+        handle: SandboxHandle = claimed(pool.actor.claim("t", f"s{size}", False, "default", size).get(timeout=ASK))
         assert not handle.prewarmed and handle.sandbox_id != spare and handle.disk_bytes == size
     assert pool.counts() == {"warm": 1, "warming": 2}
 
