@@ -1,9 +1,9 @@
 """Warm-up of a session's first turn: once in the fork server (zygote), and again in each bridge.
 
-The first model call of a process builds what httpx2 and the engine build on first use (the
-client's transport and connection machinery, the engine's tools and prompts, the stream's
-decoding). In a fresh process that is many ms of a session's first message, and each sandbox's
-bridge built its own copy (private memory). Run once in the zygote before it forks, the work is
+The first model call of a process builds what the engine and the model client build on first use
+(the engine's tools and prompts, the client's connection and the stream's decoding). In a fresh
+process that is many ms of a session's first message, and each sandbox's bridge built its own copy
+(private memory). Run once in the zygote before it forks, the work is
 inherited by every sandbox's bridge and shared copy-on-write. One streamed request through the
 model client and one turn of the built-in engine, both answered by a unix socket of this process
 (so the client's whole path is warm, its transport's connect included): no network, no model.
