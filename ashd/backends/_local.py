@@ -135,7 +135,7 @@ class LocalBackend:
     async def _drive(self, ticket: TurnTicket, message: Message, stream: TurnStream, lookup_ms: float) -> None:
         error: BaseException | None = None
         try:
-            await self._driver.run(ticket, message, stream, lookup_ms)
+            await self._driver.run(ticket, message, stream, lookup_ms, ended=self._registry.end_turn_now)
         except Exception as exc:
             log.exception("a turn failed", extra={"sessionId": ticket.session_id})
             error = exc

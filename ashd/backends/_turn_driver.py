@@ -46,8 +46,10 @@ class TurnDriver:
     # block (it schedules the event's storing), so no receiver can slow a turn.
     on_completed: Callable[[str, dict[str, Any]], None] | None = None
 
-    async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float) -> None:
-        """Drive one turn to the end whatever the reader does; stored before `done` is sent."""
+    async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float,
+                  ended: Callable[[TurnTicket], Awaitable[None]] | None = None) -> None:
+        """Drive one turn to the end whatever the reader does; stored before `done` is sent, and
+        `ended` (the session's turn over: its sandbox waiting again) awaited before it too."""
         recorder = TurnRecorder(self.sessions, ticket.session_id, ticket.tenant, self.limits, ticket.first_event)
         first_event_ms: float | None = None
         count = 0
@@ -106,11 +108,11 @@ class TurnDriver:
             reason = await self._sandbox_failure(ticket, exc)
             await _send_error(recorder, sink, reason)
         except asyncio.CancelledError:
-            await asyncio.shield(self._finish(ticket, recorder, sink, model_turn))
+            await asyncio.shield(self._finish(ticket, recorder, sink, model_turn, ended))
             raise
         finally:
             model_turn.end()  # the model may no longer be called, also when something above failed
-        model = await self._finish(ticket, recorder, sink, model_turn)
+        model = await self._finish(ticket, recorder, sink, model_turn, ended)
         if self.debug_timing:
             emit_line({"type": "timing", "source": "server", "sessionId": ticket.session_id,
                        "sandboxId": ticket.sandbox_id, "lookupMs": round(lookup_ms, 3),
@@ -133,7 +135,8 @@ class TurnDriver:
             await ticket.connection.interrupt(ticket.query_id)
 
     async def _finish(self, ticket: TurnTicket, recorder: TurnRecorder, sink: FrameSink,
-                      model_turn: ModelTurn) -> TurnSummary:
+                      model_turn: ModelTurn, ended: Callable[[TurnTicket], Awaitable[None]] | None = None,
+                      ) -> TurnSummary:
         model = await model_turn.finish()  # the model calls' records are stored before `done`
         done = await recorder.done()
         if done.unstored:
@@ -145,6 +148,8 @@ class TurnDriver:
                 "will not be replayed; nothing stored before was lost. Send the message again once space is "
                 "freed")}))
         await self._record_usage(ticket, recorder, stored=not done.unstored)
+        if ended is not None:
+            await ended(ticket)
         await sink.send("done", done.raw, done.sequence)
         if self.on_completed is not None:
             try:
