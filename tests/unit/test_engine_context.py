@@ -115,3 +115,28 @@ def test_cold_history_applies_a_stored_compaction_and_ignores_one_that_does_not_
     assert full == [user("a"), assistant("b")]
     apply_compaction(full, {"summary": text, "keptMessages": 2})  # would start with a user turn
     assert full == [user("a"), assistant("b")]
+
+
+def test_tool_definitions_are_built_once_per_set_of_tools_and_sent_as_built() -> None:
+    from ashd.bridge.engine._compact import estimate_tokens
+    from ashd.bridge.engine._tool_defs import tool_defs
+    from ashd.bridge.engine.tools import builtin_tools
+
+    first = tool_defs(builtin_tools())
+    assert tool_defs(builtin_tools()) is first  # new instances of the same tools: the same definitions
+    assert json.loads(first.request.json) == list(first.request)
+    assert list(first.request) == cached_tools([{"name": t.name, "description": t.description,
+                                                  "input_schema": t.input_schema} for t in builtin_tools()])
+    assert first.tokens == estimate_tokens([[t.description, t.input_schema] for t in builtin_tools()])
+
+    class Mcp:  # a tool whose schema is made anew: another set, built again
+        name, description = "mcp__s__t", "a tool"
+
+        def __init__(self, schema: dict[str, Any]) -> None:
+            self.input_schema = schema
+
+    one = tool_defs([*builtin_tools(), Mcp({"type": "object"})])  # type: ignore[list-item]
+    other = tool_defs([*builtin_tools(), Mcp({"type": "object", "properties": {"x": {"type": "string"}}})])  # type: ignore[list-item]
+    assert one is not first and other is not one
+    assert other.request[-1]["input_schema"]["properties"] == {"x": {"type": "string"}}
+    assert other.request[-1]["cache_control"] == {"type": "ephemeral"} and "cache_control" not in other.request[0]

@@ -3,6 +3,7 @@ serves it: what it sends, how it reads a stream, and how each failure reaches th
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from ashd.bridge.engine._model import ModelError, PromptTooLong, call_model, make_client
+from ashd.bridge.engine._model_client import encode_request, encoded_list
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 START = {"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant", "model": "x",
@@ -184,3 +186,40 @@ async def test_a_connection_cut_mid_stream_is_unreachable_and_not_retried_after_
     failed = await failure(await serve(handler), retries=3, on_event=on_event)
     assert len(calls) == 1 and [e["type"] for e in seen] == ["message_start"]  # sent on: no retry
     assert str(failed).startswith("could not reach the model API")
+
+
+async def test_the_message_is_whole_at_message_stop_without_waiting_for_the_bodys_end(serve: Any) -> None:
+    """What follows `message_stop` is the body's framing: a reply whose last chunk is slow to come
+    (the model proxy records the call before it ends the body) is not waited for."""
+    release = asyncio.Event()
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(req)
+        await resp.write(event(START) + event({"type": "content_block_start", "index": 0,
+                                               "content_block": {"type": "text", "text": "done"}})
+                         + event({"type": "content_block_stop", "index": 0})
+                         + event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
+                         + event({"type": "message_stop"}))
+        await release.wait()  # the body's end would come only after the test is over
+        await resp.write_eof()
+        return resp
+
+    client = make_client(await serve(handler))
+    try:
+        result = await asyncio.wait_for(call_model(client, PARAMS, betas=[], on_event=None, max_retries=0), 10)
+    finally:
+        release.set()
+        await client.close()
+    assert result.message["content"] == [{"type": "text", "text": "done"}]
+    assert result.message["stop_reason"] == "end_turn"
+
+
+def test_a_request_with_encoded_tools_is_the_json_of_the_same_request() -> None:
+    tools = [{"name": "Read", "description": "reads «files»", "input_schema": {"type": "object"}},
+             {"name": "Bash", "description": "runs", "input_schema": {"type": "object", "properties": {}}}]
+    params = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "hé"}],
+              "tools": encoded_list(tools), "stream": True}
+    plain = {**params, "tools": list(tools)}
+    assert json.loads(encode_request(params)) == plain
+    assert encode_request(params) == encode_request(plain)  # byte for byte: the same text on the wire

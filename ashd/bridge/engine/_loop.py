@@ -32,6 +32,7 @@ from ashd.bridge.engine._options import EFFORT_BETA, STRUCTURED_OUTPUT_TOOL, Que
 from ashd.bridge.engine._permissions import Permissions
 from ashd.bridge.engine._skills import expand_skill
 from ashd.bridge.engine._structured import SYSTEM_NOTE, StructuredOutput
+from ashd.bridge.engine._tool_defs import tool_defs
 from ashd.bridge.engine.tools import Tool, ToolContext, ToolResult, builtin_tools
 from ashd.bridge.engine.tools._task import TaskTool
 from ashd.bridge.history import close_unanswered_turn, summary_message
@@ -273,7 +274,7 @@ class Engine:
     async def _compact_if_full(
         self, messages: list[dict[str, Any]], profile: Profile, parent: str | None, measure: Measure
     ) -> bool:
-        fixed = estimate_tokens([profile.system, [[t.description, t.input_schema] for t in profile.tools.values()]])
+        fixed = estimate_tokens(profile.system) + tool_defs(profile.tools.values()).tokens
         estimate = measure.estimate(messages, fixed)
         if not needs_compaction(estimate, self.config.max_tokens, self._window(profile.model)):
             return False
@@ -358,12 +359,14 @@ class Engine:
         system = cached_system(prompt)
         if system:
             params["system"] = system
+        if structured is None:
+            if profile.tools:  # the same definitions on every call: built and encoded once
+                params["tools"] = tool_defs(profile.tools.values()).request
+            return params
         tools = [{"name": t.name, "description": t.description, "input_schema": t.input_schema}
                  for t in profile.tools.values()]
-        if structured is not None:
-            tools.append(structured.tool())
-        if tools:
-            params["tools"] = cached_tools(tools)
+        tools.append(structured.tool())
+        params["tools"] = cached_tools(tools)
         return params
 
     async def _run_tool(self, block: dict[str, Any], tools: dict[str, Tool]) -> dict[str, Any]:

@@ -75,6 +75,31 @@ def _status_error(status: int, headers: Mapping[str, str], raw: bytes) -> ApiSta
     return ApiStatusError(f"Error code: {status} - {body if body is not None else text}", status, headers, body)
 
 
+class EncodedList(list[Any]):
+    """A list of a request whose JSON text is already known (`json`): the request is encoded with
+    that text in its place instead of encoding the list again (the tools, the same on every call)."""
+
+    json: str
+
+
+def encoded_list(items: list[Any]) -> EncodedList:
+    out = EncodedList(items)
+    out.json = _dumps(items)
+    return out
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_request(params: dict[str, Any]) -> bytes:
+    """The request body: `params` as JSON, its EncodedList values written as they were encoded."""
+    if not any(type(v) is EncodedList for v in params.values()):
+        return _dumps(params).encode()
+    fields = [f"{_dumps(k)}:{v.json if type(v) is EncodedList else _dumps(v)}" for k, v in params.items()]
+    return ("{" + ",".join(fields) + "}").encode()
+
+
 class _Headers(dict[str, str]):
     """Response headers by lower-case name; `get` takes any case, as HTTP names are."""
 
@@ -223,7 +248,7 @@ class ModelClient:
                    "anthropic-version": API_VERSION, "x-api-key": "sandbox-no-key"}
         if betas:
             headers["anthropic-beta"] = ",".join(betas)
-        body = json.dumps({**params, "stream": True}, ensure_ascii=False, separators=(",", ":")).encode()
+        body = encode_request({**params, "stream": True})
         if self._unix is not None:
             reply = await self._unix.post("/v1/messages", body, headers)
             try:
@@ -252,7 +277,11 @@ async def _read_reply(reply: _Reply, on_event: OnEvent) -> None:
 
 
 async def _read_events(reply: _Reply, on_event: OnEvent) -> None:
-    """Server-sent events: `data:` lines (joined by newlines) end at a blank line; `event:` names it."""
+    """Server-sent events: `data:` lines (joined by newlines) end at a blank line; `event:` names it.
+
+    The message is whole at its `message_stop` event: the reply is not read further. What follows
+    it on the wire is the body's framing (the last chunk), and waiting for it made every model call
+    wait for the model proxy's bookkeeping of the call, which it does before it ends the body."""
     event = ""
     data: list[str] = []
     async for line in reply.lines():
@@ -265,21 +294,22 @@ async def _read_events(reply: _Reply, on_event: OnEvent) -> None:
             elif field == "event":
                 event = value
             continue
-        if data:
-            await _dispatch(event, "\n".join(data), reply.headers, on_event)
+        if data and await _dispatch(event, "\n".join(data), reply.headers, on_event):
+            return
         event, data = "", []
     if data:
         await _dispatch(event, "\n".join(data), reply.headers, on_event)
 
 
-async def _dispatch(event: str, data: str, headers: Mapping[str, str], on_event: OnEvent) -> None:
+async def _dispatch(event: str, data: str, headers: Mapping[str, str], on_event: OnEvent) -> bool:
+    """Hand on one event; True when it ends the message (`message_stop`)."""
     try:
         parsed = json.loads(data)
     except ValueError as exc:
         raise ApiError(f"the model stream sent an event that is not JSON: {data[:200]!r}") from exc
     kind = event or (parsed.get("type") if isinstance(parsed, dict) else None)
     if kind == "ping":
-        return
+        return False
     if kind == "error" or (isinstance(parsed, dict) and parsed.get("type") == "error"):
         error = parsed.get("error") if isinstance(parsed, dict) else None
         status = _STATUS_OF_ERROR.get(str(error.get("type")) if isinstance(error, dict) else "", 500)
@@ -287,6 +317,7 @@ async def _dispatch(event: str, data: str, headers: Mapping[str, str], on_event:
     if not isinstance(parsed, dict):
         raise ApiError(f"the model stream sent an event that is not an object: {data[:200]!r}")
     await on_event(parsed)
+    return kind == "message_stop"
 
 
 def make_client(model_socket: str | None, base_url: str = "http://model-proxy") -> ModelClient:

@@ -12,6 +12,20 @@ RunSubagent = Callable[[str, str, str], Awaitable[ToolResult]]
 
 class TaskTool:
     name = "Task"
+    # A constant of the class, as the built-in tools' are: the request's tool definitions are
+    # encoded once per set of tools (engine/_tool_defs.py).
+    input_schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "description": {
+                "type": "string",
+                "description": "A short (3-5 word) description of the task",
+            },
+            "prompt": {"type": "string", "description": "The task for the subagent to perform"},
+            "subagent_type": {"type": "string", "description": "The type of subagent to use"},
+        },
+        "required": ["description", "prompt", "subagent_type"],
+    }
 
     def __init__(self, run: RunSubagent, subagents: dict[str, dict[str, Any]]) -> None:
         self._run = run
@@ -23,18 +37,6 @@ class TaskTool:
             "Available subagent types:\n- general-purpose: a general agent with the same tools"
             + (f"\n{listing}" if listing else "")
         )
-        self.input_schema: dict[str, Any] = {
-            "type": "object",
-            "properties": {
-                "description": {
-                    "type": "string",
-                    "description": "A short (3-5 word) description of the task",
-                },
-                "prompt": {"type": "string", "description": "The task for the subagent to perform"},
-                "subagent_type": {"type": "string", "description": "The type of subagent to use"},
-            },
-            "required": ["description", "prompt", "subagent_type"],
-        }
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         prompt = require_str(args, "prompt")
