@@ -117,6 +117,9 @@ class LocalBackend:
         task = asyncio.get_running_loop().create_task(self._drive(ticket, message, stream, lookup_ms))
         self._turns.add(task)
         task.add_done_callback(self._turns.discard)
+        # One step of the turn's task now: it writes the query to the bridge and waits for its first
+        # frame, so the sandbox works on the turn while the caller sends the stream's headers.
+        await asyncio.sleep(0)
         return stream
 
     async def _attach(self, tenant: str, session_id: str, message: Message) -> tuple[Message, list[dict[str, Any]]]:
