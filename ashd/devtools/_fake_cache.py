@@ -18,14 +18,13 @@ MAX_BREAKPOINTS = 4
 UNCACHED_TAIL = 4
 
 
-def _flat_blocks(body: dict[str, Any]) -> list[tuple[Any, bool]]:
+def flat_blocks(body: dict[str, Any]) -> list[tuple[Any, bool]]:
     """(block without its mark, marked?) in prefix order."""
     out: list[tuple[Any, bool]] = []
 
     def add(prefix: str, block: Any) -> None:
-        if isinstance(block, dict):
-            marked = "cache_control" in block
-            out.append(([prefix, {k: v for k, v in block.items() if k != "cache_control"}], marked))
+        if isinstance(block, dict) and "cache_control" in block:
+            out.append(([prefix, {k: v for k, v in block.items() if k != "cache_control"}], True))
         else:
             out.append(([prefix, block], False))
 
@@ -42,8 +41,8 @@ def _flat_blocks(body: dict[str, Any]) -> list[tuple[Any, bool]]:
     return out
 
 
-def count_breakpoints(body: dict[str, Any]) -> int:
-    return sum(1 for _, marked in _flat_blocks(body) if marked)
+def count_breakpoints(body: dict[str, Any], blocks: list[tuple[Any, bool]] | None = None) -> int:
+    return sum(1 for _, marked in (flat_blocks(body) if blocks is None else blocks) if marked)
 
 
 class PromptCache:
@@ -55,12 +54,14 @@ class PromptCache:
         with self._lock:
             self._seen.clear()
 
-    def account(self, body: dict[str, Any], input_tokens: int) -> tuple[int, int, int]:
-        """(input, cache_creation, cache_read) tokens for this request; remembers its prefixes."""
+    def account(self, body: dict[str, Any], input_tokens: int,
+                blocks: list[tuple[Any, bool]] | None = None) -> tuple[int, int, int]:
+        """(input, cache_creation, cache_read) tokens for this request; remembers its prefixes.
+        `blocks`: the request's `flat_blocks`, when the caller has them already."""
         digest = hashlib.sha256()
         size = 0
         marks: list[tuple[str, int]] = []
-        for block, marked in _flat_blocks(body):
+        for block, marked in flat_blocks(body) if blocks is None else blocks:
             data = json.dumps(block, sort_keys=True).encode()
             digest.update(data)
             size += len(data)

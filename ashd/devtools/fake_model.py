@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ashd.devtools._fake_cache import MAX_BREAKPOINTS, PromptCache, count_breakpoints
+from ashd.devtools._fake_cache import MAX_BREAKPOINTS, PromptCache, count_breakpoints, flat_blocks
 from ashd.devtools._fake_script import ScriptBook, estimate_input_tokens
 from ashd.devtools._fake_stream import error_body, full_message, sse_events
 
@@ -98,9 +98,9 @@ class FakeModel:
         self._record(request, body)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return web.json_response(error_body(400, "messages: field required"), status=400)
-        if count_breakpoints(body) > MAX_BREAKPOINTS:
-            message = (f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
-                       f"Found {count_breakpoints(body)}.")
+        blocks = flat_blocks(body)
+        if (marks := count_breakpoints(body, blocks)) > MAX_BREAKPOINTS:
+            message = f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}."
             return web.json_response(error_body(400, message), status=400)
         turn = self.scripts.pick(body)
         if turn.get("wait"):  # a slow first byte: nothing is sent back until then
@@ -114,16 +114,19 @@ class FakeModel:
             message = str(err.get("message") or f"fake error {status}")
             return web.json_response(error_body(status, message, err.get("type")), status=status, headers=headers)
         model = str(body.get("model") or DEFAULT_MODEL)
-        tokens = self.cache.account(body, estimate_input_tokens(body))
+        tokens = self.cache.account(body, estimate_input_tokens(body), blocks)
         if not body.get("stream"):
             return web.json_response(full_message(turn, model, tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         delay = float(turn.get("delay") or 0)
-        for name, data in sse_events(turn, model, tokens):
-            if delay:
-                await asyncio.sleep(delay)
-            await resp.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        events = (f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                  for name, data in sse_events(turn, model, tokens))
+        if not delay:  # an instant model: the whole reply is there at once, as one write
+            await resp.write(b"".join(events))
+        for event in events:
+            await asyncio.sleep(delay)
+            await resp.write(event)
         await resp.write_eof()
         return resp
 
