@@ -89,7 +89,8 @@ async def ashd_server(model_url: str, prewarm: int,
     env = {**os.environ, "SERVICE_DATA_DIR": str(data / "d"), "SERVICE_PORT": str(port),
            "SERVICE_HOST": "127.0.0.1", "SERVICE_PREWARM": str(prewarm), "SERVICE_RATE_LIMIT_RPS": "100000",
            "SERVICE_RATE_LIMIT_BURST": "100000", "SERVICE_LOG_LEVEL": "warning", "SERVICE_MAX_SANDBOXES": "64",
-           "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "bench-key", **(extra_env or {})}
+           "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "bench-key",
+           "SERVICE_MODEL_RATE_PER_MINUTE": "1000000", "SERVICE_MODEL_RATE_BURST": "100000", **(extra_env or {})}
     proc = subprocess.Popen([PY, "-m", "ashd", "serve"], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(data / "server.log", "wb"))  # noqa: SIM115
     try:
