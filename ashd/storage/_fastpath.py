@@ -56,6 +56,10 @@ class SqliteWriter:
         # runs a short one itself (`direct`): one writer at a time, as SQLite has anyway.
         self._lock = threading.Lock()
         self._closed = False
+        # The connection's busy timeout as last set: a transaction run inline waits only INLINE_WAIT_MS
+        # for the database, the others BUSY_TIMEOUT_MS. Set only when it changes (each PRAGMA is a
+        # statement of its own, and inline transitions mostly follow each other).
+        self._busy_ms = BUSY_TIMEOUT_MS
 
     def _connection(self) -> Connection:
         if self._closed:
@@ -63,11 +67,20 @@ class SqliteWriter:
         conn = self._conn
         if conn is None or conn.closed or conn.invalidated:
             conn = self._conn = self.engine.connect()
+            self._busy_ms = BUSY_TIMEOUT_MS  # install_sqlite_pragmas's
         return conn
+
+    def _busy_timeout(self, raw: sqlite3.Connection, ms: int) -> None:
+        if self._busy_ms != ms:
+            raw.execute(f"PRAGMA busy_timeout={int(ms)}")
+            self._busy_ms = ms
 
     def _run(self, fn: Callable[[SyncSession], T]) -> T:
         with self._lock:
             conn = self._connection()
+            raw = conn.connection.driver_connection
+            assert isinstance(raw, sqlite3.Connection)
+            self._busy_timeout(raw, BUSY_TIMEOUT_MS)
             try:
                 return _joined(conn, fn, write=True)
             except BaseException:
@@ -88,7 +101,7 @@ class SqliteWriter:
             raw = conn.connection.driver_connection
             assert isinstance(raw, sqlite3.Connection)
             try:
-                _begin_immediate(raw, wait_ms)
+                self._begin_immediate(raw, wait_ms)
                 try:
                     result = fn(SqliteStatements(raw))
                 except BaseException:
@@ -105,6 +118,15 @@ class SqliteWriter:
                 raise
         finally:
             self._lock.release()
+
+    def _begin_immediate(self, raw: sqlite3.Connection, wait_ms: int | None) -> None:
+        self._busy_timeout(raw, BUSY_TIMEOUT_MS if wait_ms is None else wait_ms)
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if wait_ms is not None and exc.sqlite_errorcode & 0xFF == _SQLITE_BUSY:
+                raise WriterBusy("the database is locked by another writer") from exc
+            raise
 
     def submit_direct(self, fn: Callable[[Statements], T], wrap: Callable[[Callable[[], T]], T]) -> Future[T]:
         """`direct` on the writer thread, from any thread, waiting as long as it takes; `wrap(run)`
@@ -139,19 +161,6 @@ class SqliteWriter:
                 conn.close()
 
 
-def _begin_immediate(raw: sqlite3.Connection, wait_ms: int | None) -> None:
-    if wait_ms is None:
-        raw.execute("BEGIN IMMEDIATE")
-        return
-    raw.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
-    try:
-        raw.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorcode & 0xFF == _SQLITE_BUSY:
-            raise WriterBusy("the database is locked by another writer") from exc
-        raise
-    finally:
-        raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
 def _joined(conn: Connection, fn: Callable[[SyncSession], T], *, write: bool) -> T:
