@@ -124,8 +124,10 @@ async def call(future: pykka.Future[T], timeout: float) -> T:
             # A future from a non-Aio actor or created off-loop: wait for it in a thread.
             loop = asyncio.get_running_loop()
             return await asyncio.wait_for(loop.run_in_executor(None, future.get), timeout)
+        # No shield: the asyncio future is this call's alone, and one cancelled (a timeout) is skipped
+        # when the actor answers after all (`AioFuture._resolve`).
         async with asyncio.timeout(timeout):
-            return await asyncio.shield(aio)  # type: ignore[no-any-return]
+            return await aio  # type: ignore[no-any-return]
     except TimeoutError as exc:
         raise Unavailable("an internal component did not answer in time; try again") from exc
     except pykka.ActorDeadError as exc:
