@@ -5,17 +5,17 @@ from __future__ import annotations
 import importlib
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
+from ashd.actors import Activity
 from ashd.components import Components
-from ashd.http._activity import activity_middleware
-from ashd.http._auth import auth_middleware
-from ashd.http._errors import error_middleware
+from ashd.http._auth import authenticate
+from ashd.http._errors import error_response
 from ashd.http._key_cache import KeyCache
 from ashd.http._keys import COMPONENTS, KEY_CACHE, RATE_LIMITER
 from ashd.http._ratelimit import RateLimiter
-from ashd.http._storage_guard import storage_guard_middleware
-from ashd.http._strict import strict_query_middleware
+from ashd.http._storage_guard import guard_storage
+from ashd.http._strict import check_api_query
 
 # Route modules register themselves here; each exposes a `routes` RouteTableDef.
 ROUTE_MODULES: list[str] = [
@@ -41,13 +41,35 @@ ROUTE_MODULES: list[str] = [
 ]
 
 
+def api_middleware(activity: Activity | None) -> Middleware:
+    """What every request goes through, in order: counted in flight (`activity`: this process runs
+    sessions, and its pool's background work waits for quiet moments), authenticated, its query
+    checked, refused while the data disk is below its reserve when it adds data; any failure
+    answered as an ApiError. One middleware that calls each step, not a middleware per step: each
+    layer is a coroutine of aiohttp's own around the next, on every request."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if activity is not None:
+            activity.begin()
+        try:
+            await authenticate(request)
+            check_api_query(request)
+            guard_storage(request)
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - every failure is answered, as an ApiError
+            return error_response(request, exc)
+        finally:
+            if activity is not None:
+                activity.end()
+
+    return middleware
+
+
 def build_app(components: Components) -> web.Application:
     settings = components.settings
-    middlewares: list[Middleware] = [error_middleware, auth_middleware, strict_query_middleware,
-                                     storage_guard_middleware]
-    if components.local is not None:  # this process runs sessions: its pool waits for quiet moments
-        middlewares.insert(0, activity_middleware(components.local.activity))
-    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    activity = components.local.activity if components.local is not None else None
+    app = web.Application(middlewares=[api_middleware(activity)], client_max_size=settings.max_body_bytes)
     app[COMPONENTS] = components
     app[KEY_CACHE] = KeyCache()
     app[RATE_LIMITER] = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)

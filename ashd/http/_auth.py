@@ -12,7 +12,6 @@ import hmac
 import logging
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from sqlalchemy.exc import SQLAlchemyError
 
 from ashd.errors import RateLimited, StorageError, Unauthorized
@@ -39,11 +38,11 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES) or not path.startswith("/api/")
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def authenticate(request: web.Request) -> None:
+    """Check the request's credentials and rate, and note its tenant and key on it (ApiErrors otherwise)."""
     path = request.path
     if is_public(path):
-        return await handler(request)
+        return
     components = request.app[COMPONENTS]
     if path.startswith("/api/internal/"):
         # Always required: the server has a secret even when SERVICE_INTERNAL_SECRET is unset
@@ -52,7 +51,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         token = bearer(request)
         if not secret or not hmac.compare_digest(token.encode(), secret.encode()):
             raise Unauthorized("Invalid internal secret")
-        return await handler(request)
+        return
     token = bearer(request)
     cache = request.app[KEY_CACHE]
     identity = cache.get(token)
@@ -78,4 +77,3 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         )
     request[TENANT] = identity.tenant_id
     request[KEY_ID] = identity.key_id
-    return await handler(request)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from ashd.http._keys import COMPONENTS
 
@@ -34,10 +33,9 @@ def _what(path: str) -> str:
     return "this request"
 
 
-@web.middleware
-async def storage_guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def guard_storage(request: web.Request) -> None:
+    """507 for a request that adds data while the data disk is below its reserve."""
     if request.method in _ADDS_DATA and request.path.startswith("/api/") and not _EXEMPT.match(request.path):
         space = request.app[COMPONENTS].data_space
         if space is not None:
             space.require_room(_what(request.path))
-    return await handler(request)

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from ashd.errors import BadRequest
 from ashd.http._openapi import openapi_document
@@ -117,9 +116,7 @@ def check_query(request: web.Request) -> None:
         _check_value(name, raw, op.query[name])
 
 
-@web.middleware
-async def strict_query_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def check_api_query(request: web.Request) -> None:
     """Query parameters of /api/ operations, checked before the handler runs (after authentication)."""
-    if request.path.startswith("/api/"):
+    if request.path.startswith("/api/") and request.query_string:
         check_query(request)
-    return await handler(request)
