@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,7 +84,6 @@ from ashd.storage import (
     SnapshotTooLarge,
     Webhooks,
     iso,
-    record_usage,
     utcnow,
 )
 
@@ -356,7 +355,6 @@ def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots:
         resolve_credential=parts.credentials.use,
         decrypt_env=decrypt_env,
         count_resume=count_resume,
-        record_usage=_usage_recorder(parts.db),
         fallback_api_key=settings.anthropic_api_key,
         ask_timeout=settings.actor_timeout_seconds,
         setup_timeout=float(settings.setup_timeout_seconds),
@@ -385,18 +383,12 @@ def _turn_driver(parts: StorageParts, sessions: Sessions, pool: Any, model_proxy
 
     limits = TurnLimits(settings.turn_max_stored_mb * 1024 * 1024, settings.turn_max_events,
                         settings.storage_retry_seconds)
-    def completed(tenant: str, data: dict[str, Any]) -> None:
-        webhooks.emit_soon(tenant, "turn.completed", data)
+    def completed(tenant: str, data: Callable[[], dict[str, Any]]) -> None:
+        if not webhooks.store.known_unheard(tenant, "turn.completed"):  # nothing made for a tenant with no hook
+            webhooks.emit_soon(tenant, "turn.completed", data())
 
-    return TurnDriver(sessions, limits, parts.metrics, model_proxy, _usage_recorder(parts.db), exit_info,
-                      settings.debug_timing, on_completed=completed)
-
-
-def _usage_recorder(db: Database) -> Callable[[str, str, str, dict[str, float]], Awaitable[None]]:
-    async def usage(tenant: str, session_id: str, agent_name: str, values: dict[str, float]) -> None:
-        await record_usage(db, tenant, session_id, agent_name, values)
-
-    return usage
+    return TurnDriver(sessions, limits, parts.metrics, model_proxy, exit_info, settings.debug_timing,
+                      on_completed=completed)
 
 
 def _model_proxy(parts: StorageParts) -> ModelProxy:

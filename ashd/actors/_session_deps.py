@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ class SessionDeps:
     resolve_credential: Callable[[str, str], Coroutine[Any, Any, Any]]  # (tenant, id) -> ResolvedCredential
     decrypt_env: Callable[[bytes | None, str], dict[str, str]]
     count_resume: Callable[[str, str, str], None]  # (path, session id, agent name)
-    record_usage: Callable[[str, str, str, dict[str, float]], Awaitable[None]]
     fallback_api_key: str | None
     ask_timeout: float
     setup_timeout: float

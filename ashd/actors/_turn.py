@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ashd.errors import StorageError
-from ashd.storage import EventRecord, Sessions
+from ashd.storage import EventRecord, Sessions, TurnUsage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,6 +147,7 @@ class TurnRecorder:
         self.result: dict[str, Any] | None = None
         self.tool_calls = 0
         self._tool_names: dict[str, str] = {}
+        self._usage: TurnUsage | None = None  # given to `done`: stored with the last batch
 
     async def _seq(self) -> int:
         if self._next >= self._end:
@@ -212,13 +213,15 @@ class TurnRecorder:
         self._kick()
         return seq, raw
 
-    async def done(self) -> Done:
-        """Store the `done` frame and flush everything, retrying while storage is full or away.
+    async def done(self, usage: TurnUsage | None = None) -> Done:
+        """Store the `done` frame and flush everything, retrying while storage is full or away;
+        `usage` (what the turn used) goes in the same transaction.
 
         With `Done.unstored` empty the turn is durable when this returns. Otherwise those frames
         (ids the client has seen) could not be stored in `retry_seconds` and are dropped: keeping
         them in memory would hold the turn, the session and its memory hostage to the disk.
         """
+        self._usage = usage
         raw = json.dumps({"sessionId": self.session_id})
         try:
             seq: int | None = await self._seq()
@@ -239,7 +242,7 @@ class TurnRecorder:
             log.error("a turn's last frames could not be stored: the disk stayed full or the database away",
                       extra={"sessionId": self.session_id, "frames": len(unstored),
                              "messages": len(self._messages)})
-            self._events, self._messages = [], []
+            self._events, self._messages, self._usage = [], [], None
             return Done(None, raw, unstored)
         return Done(seq, raw)
 
@@ -264,15 +267,17 @@ class TurnRecorder:
 
     async def flush(self) -> None:
         async with self._lock:
-            messages, events = self._messages, self._events
-            self._messages, self._events = [], []
-            if not messages and not events:
+            messages, events, usage = self._messages, self._events, self._usage
+            self._messages, self._events, self._usage = [], [], None
+            if not messages and not events and usage is None:
                 return
             try:
-                await asyncio.shield(self._sessions.store_turn_batch(self.session_id, self.tenant, messages, events))
+                await asyncio.shield(self._sessions.store_turn_batch(self.session_id, self.tenant, messages, events,
+                                                                     usage))
             except Exception as exc:
                 # Put them back so the final flush retries; a failure here must not lose the turn.
                 self._messages[:0], self._events[:0] = messages, events
+                self._usage = usage
                 if isinstance(exc, StorageError):  # full disk, database away: expected, said once
                     log.warning("storing a turn batch failed (%s); will retry", exc.message,
                                 extra={"sessionId": self.session_id})

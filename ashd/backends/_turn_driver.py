@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ashd.actors import TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket, retrying
+from ashd.actors import TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket
 from ashd.backends._model_turn import ModelTurn
 from ashd.backends._protocol import Message
 from ashd.errors import SandboxError, StorageError
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
 from ashd.sandboxing import LimitNotice, TurnSummary
-from ashd.storage import Sessions, iso, utcnow
+from ashd.storage import Sessions, TurnUsage, iso, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,13 @@ class TurnDriver:
     limits: TurnLimits
     metrics: Metrics
     model_proxy: Any  # ModelProxy or None
-    record_usage: Callable[[str, str, str, dict[str, float]], Awaitable[None]]
     # The sandbox's exit, once its process is reaped (None while it runs): why a connection broke.
     exit_info: Callable[[str], Awaitable[Any]]
     debug_timing: bool = False
-    # Told (tenant, event data) once a turn's `done` is sent: the webhooks' turn.completed. It must not
-    # block (it schedules the event's storing), so no receiver can slow a turn.
-    on_completed: Callable[[str, dict[str, Any]], None] | None = None
+    # Told (tenant, the event data's maker) once a turn's `done` is sent: the webhooks' turn.completed.
+    # It must not block (it schedules the event's storing), so no receiver can slow a turn; the data
+    # is made only for a tenant with a hook that listens.
+    on_completed: Callable[[str, Callable[[], dict[str, Any]]], None] | None = None
 
     async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float,
                   ended: Callable[[TurnTicket], Awaitable[None]] | None = None) -> None:
@@ -138,8 +138,16 @@ class TurnDriver:
                       model_turn: ModelTurn, ended: Callable[[TurnTicket], Awaitable[None]] | None = None,
                       ) -> TurnSummary:
         model = await model_turn.finish()  # the model calls' records are stored before `done`
-        done = await recorder.done()
+        # Token usage is not taken from the turn: the sandbox could report anything. The model proxy
+        # records what the model API reported for every call (stored just above). The turn's own
+        # counts are stored with its last frames, in one transaction.
+        compute_seconds = ticket.compute_seconds()
+        usage = {"tool_calls": float(recorder.tool_calls), "message": 1.0, "compute_seconds": compute_seconds}
+        done = await recorder.done(TurnUsage(ticket.agent_name, usage))
         if done.unstored:
+            # The values go to the log so that the operator can still account for the turn.
+            log.error("usage of a turn could not be stored", extra={"sessionId": ticket.session_id,
+                                                                    "tenant": ticket.tenant, "usage": usage})
             first, last = min(done.unstored), max(done.unstored)
             await sink.send("error", json.dumps({"error": (
                 f"The server's data disk is full (or its database unreachable): {len(done.unstored)} frames of "
@@ -147,13 +155,13 @@ class TurnDriver:
                 f"{self.limits.retry_seconds:g} s. They are missing from the session's history and "
                 "will not be replayed; nothing stored before was lost. Send the message again once space is "
                 "freed")}))
-        await self._record_usage(ticket, recorder, stored=not done.unstored)
         if ended is not None:
             await ended(ticket)
         await sink.send("done", done.raw, done.sequence)
         if self.on_completed is not None:
             try:
-                self.on_completed(ticket.tenant, _completed_event(ticket, recorder, model, bool(done.unstored)))
+                self.on_completed(ticket.tenant, lambda: _completed_event(ticket, recorder, model, compute_seconds,
+                                                                          bool(done.unstored)))
             except Exception:
                 log.exception("turn.completed event failed", extra={"sessionId": ticket.session_id})
         return model
@@ -182,23 +190,6 @@ class TurnDriver:
             await asyncio.sleep(0.05)
         return f"sandbox connection lost: {exc}"
 
-    async def _record_usage(self, ticket: TurnTicket, recorder: TurnRecorder, *, stored: bool) -> None:
-        # Token usage is not taken from the turn: the sandbox could report anything. The model proxy
-        # records what the model API reported for every call (ModelTurn.finish stored it).
-        values = {
-            "tool_calls": float(recorder.tool_calls),
-            "message": 1.0,
-            "compute_seconds": ticket.compute_seconds(),
-        }
-        window = self.limits.retry_seconds if stored else 0.0
-        try:
-            await retrying(lambda: self.record_usage(ticket.tenant, ticket.session_id, ticket.agent_name, values),
-                           window, "recording usage", ticket.session_id)
-        except StorageError:
-            # The values go to the log so that the operator can still account for the turn.
-            log.error("usage of a turn could not be stored", extra={"sessionId": ticket.session_id,
-                                                                    "tenant": ticket.tenant, "usage": values})
-
 
 async def _send_error(recorder: TurnRecorder, sink: FrameSink, message: str, *, counted: bool = False,
                       limit: str | None = None) -> None:
@@ -215,7 +206,8 @@ async def _send_error(recorder: TurnRecorder, sink: FrameSink, message: str, *, 
 RESULT_SUMMARY_CHARS = 2000
 
 
-def _completed_event(ticket: TurnTicket, recorder: TurnRecorder, model: TurnSummary, unstored: bool) -> dict[str, Any]:
+def _completed_event(ticket: TurnTicket, recorder: TurnRecorder, model: TurnSummary, compute_seconds: float,
+                     unstored: bool) -> dict[str, Any]:
     """The `turn.completed` webhook's data: what ended the turn and what it used."""
     result = recorder.result or {}
     text = result.get("result")
@@ -230,6 +222,6 @@ def _completed_event(ticket: TurnTicket, recorder: TurnRecorder, model: TurnSumm
         "usage": result.get("usage") if isinstance(result.get("usage"), dict) else None,
         "model": {"calls": model.calls, "costUsd": round(model.cost_usd, 6)},
         "toolCalls": recorder.tool_calls,
-        "computeSeconds": ticket.compute_seconds(),
+        "computeSeconds": compute_seconds,
         "durationMs": round((time.monotonic() - ticket.started) * 1000),
     }

@@ -77,7 +77,7 @@ from ashd.storage._snapshots import (
 )
 from ashd.storage._snapshots_reader import SnapshotReader
 from ashd.storage._snapshots_stores import LocalSnapshotStore, SnapshotStore, store_from_url
-from ashd.storage._usage import UsageFilter, list_usage, parse_time, record_usage, usage_stats
+from ashd.storage._usage import TurnUsage, UsageFilter, list_usage, parse_time, record_usage, usage_stats
 from ashd.storage._webhooks import (
     WEBHOOK_EVENTS,
     ClaimedDelivery,
@@ -146,6 +146,7 @@ __all__ = [
     "SnapshotTooLarge",
     "SweptRunner",
     "TenantStorage",
+    "TurnUsage",
     "UsageEvent",
     "UsageFilter",
     "Webhook",

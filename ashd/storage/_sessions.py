@@ -20,6 +20,7 @@ from ashd.storage._database import Database
 from ashd.storage._direct import Statements, with_defaults
 from ashd.storage._models import Agent, Attachment, Message, Session, SessionEvent, from_row, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
+from ashd.storage._usage import INSERT_USAGE, TurnUsage, usage_rows
 
 _SESSIONS = cast(Table, Session.__table__)
 _EVENTS = cast(Table, SessionEvent.__table__)
@@ -44,6 +45,22 @@ def _transition_update(columns: tuple[str, ...], fenced: bool) -> Update:
         stored_bytes=c.stored_bytes + bindparam("_size"),
         **{name: bindparam(f"_v_{name}", type_=c[name].type) for name in columns},
     ).returning(*c)
+
+
+@functools.lru_cache(maxsize=2)
+def _turn_batch_update(closing: bool) -> Update:
+    """A turn batch's UPDATE: the counts, the messages' sequences, and with `closing` (the batch holds
+    `done`) the turn's end."""
+    c = _SESSIONS.c
+    values: dict[str, Any] = {
+        "last_active_at": bindparam("_now", type_=c.last_active_at.type),
+        "message_count": c.message_count + bindparam("_messages"),
+        "next_message_seq": c.next_message_seq + bindparam("_messages"),
+        "event_count": c.event_count + bindparam("_events"), "stored_bytes": c.stored_bytes + bindparam("_size"),
+    }
+    if closing:
+        values["turn_open"] = False
+    return update(_SESSIONS).where(c.id == bindparam("_id")).values(**values).returning(c.next_message_seq)
 
 
 _SESSION_HOLDER = select(_SESSIONS.c.runner_id).where(_SESSIONS.c.id == bindparam("_id"))
@@ -347,43 +364,44 @@ class Sessions:
         return run
 
     async def store_turn_batch(self, session_id: str, tenant: str, messages: Sequence[tuple[str, str]],
-                               events: Sequence[EventRecord]) -> None:
-        """Messages (role, content JSON) get sequences here; events come with reserved sequences."""
-        if not messages and not events:
+                               events: Sequence[EventRecord], usage: TurnUsage | None = None) -> None:
+        """Messages (role, content JSON) get sequences here; events come with reserved sequences.
+        `usage`: what the turn used, stored in the same transaction (its last batch, with `done`)."""
+        if not messages and not events and usage is None:
             return
         now = utcnow()
-        event_rows = [{"id": new_id(), "session_id": session_id, "tenant_id": tenant, "type": e.type,
-                       "data": None if e.data is None else json.dumps(e.data), "sequence": e.sequence,
-                       "frame_event": e.frame_event, "frame_data": e.frame_data, "created_at": now}
-                      for e in events]
-        size = (sum(_size(content) for _, content in messages)
-                + sum(_size(None if e.data is None else json.dumps(e.data)) + _size(e.frame_data) for e in events))
+        event_rows = []
+        size = sum(_size(content) for _, content in messages)
+        for e in events:
+            data = None if e.data is None else json.dumps(e.data)
+            size += _size(data) + _size(e.frame_data)
+            event_rows.append({"id": new_id(), "session_id": session_id, "tenant_id": tenant, "type": e.type,
+                               "data": data, "sequence": e.sequence, "frame_event": e.frame_event,
+                               "frame_data": e.frame_data, "created_at": now})
+        usage_events = usage_rows(tenant, session_id, usage, now) if usage is not None else []
+        # The turn's end is stored with `done`: nothing to recover at a restart.
+        statement = _turn_batch_update(any(e.frame_event == "done" for e in events))
+        params = {"_id": session_id, "_now": now, "_messages": len(messages), "_events": len(event_rows),
+                  "_size": size}
 
-        values: dict[str, Any] = {
-            "last_active_at": now, "message_count": _SESSIONS.c.message_count + len(messages),
-            "next_message_seq": _SESSIONS.c.next_message_seq + len(messages),
-            "event_count": _SESSIONS.c.event_count + len(event_rows), "stored_bytes": _SESSIONS.c.stored_bytes + size,
-        }
-        if any(e.frame_event == "done" for e in events):
-            values["turn_open"] = False  # the turn's end is stored: nothing to recover at a restart
-
-        def run(s: SyncSession) -> None:
-            # Core statements (no ORM bulk bookkeeping): one UPDATE counts everything and allocates
-            # the messages' sequences, then the rows go in.
-            last = s.execute(update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(**values)
-                             .returning(_SESSIONS.c.next_message_seq)).scalar_one_or_none()
+        def run(x: Statements) -> None:
+            # Prebuilt statements: one UPDATE counts everything and allocates the messages' sequences,
+            # then the rows go in.
+            updated = x.rows(statement, params)
             if messages:
-                if last is None:
+                if not updated:
                     raise NotFound(f"Session {session_id} not found")
-                first = int(last) - len(messages) + 1
-                s.execute(insert(_MESSAGES), [
-                    {"id": new_id(), "session_id": session_id, "tenant_id": tenant, "role": role,
-                     "content": content, "sequence": first + i, "created_at": now}
-                    for i, (role, content) in enumerate(messages)])
-            if event_rows:
-                s.execute(insert(_EVENTS), event_rows)
+                first = int(updated[0]["next_message_seq"]) - len(messages) + 1
+                for i, (role, content) in enumerate(messages):
+                    x.run(_INSERT_MESSAGE, {"id": new_id(), "session_id": session_id, "tenant_id": tenant,
+                                            "role": role, "content": content, "sequence": first + i,
+                                            "created_at": now})
+            for row in event_rows:
+                x.run(_INSERT_EVENT, row)
+            for row in usage_events:
+                x.run(INSERT_USAGE, row)
 
-        await self.db.run_tx(run)
+        await self.db.run_direct(run)
 
     async def messages(self, tenant: str, session_id: str, after: int, limit: int) -> builtins.list[dict[str, Any]]:
         async with self.db.read() as s:

@@ -11,12 +11,13 @@ import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, Insert, Table, func, insert, select
 
 from ashd.errors import BadRequest
 from ashd.storage._database import Database
+from ashd.storage._direct import Statements
 from ashd.storage._models import UsageEvent, iso, new_id, utcnow
 
 # Event type → UsageStats field (the interface's seven fields).
@@ -68,22 +69,42 @@ def _conditions(tenant: str, flt: UsageFilter) -> list[ColumnElement[bool]]:
     return conds
 
 
-async def record_usage(db: Database, tenant: str, session_id: str, agent_name: str,
-                       values: Mapping[str, float]) -> int:
-    """Store one usage row per non-zero value (one transaction); returns the rows written.
-    Non-finite or negative values are a programming error."""
-    now = utcnow()
+INSERT_USAGE: Insert = insert(cast(Table, UsageEvent.__table__))
+
+
+@dataclass(frozen=True)
+class TurnUsage:
+    """What one turn used (`values` by event type), stored with the turn's last frames."""
+
+    agent_name: str
+    values: Mapping[str, float]
+
+
+def usage_rows(tenant: str, session_id: str, usage: TurnUsage, now: dt.datetime) -> list[dict[str, Any]]:
+    """One row per non-zero value, all at `now`. Non-finite or negative values are a programming error."""
     rows = []
-    for event_type, value in values.items():
+    for event_type, value in usage.values.items():
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"usage value {event_type}={value!r} must be finite and not negative")
         if value:
-            rows.append(UsageEvent(id=new_id(), tenant_id=tenant, session_id=session_id,
-                                   agent_name=agent_name, event_type=event_type, value=float(value),
-                                   created_at=now))
+            rows.append({"id": new_id(), "tenant_id": tenant, "session_id": session_id,
+                         "agent_name": usage.agent_name, "event_type": event_type, "value": float(value),
+                         "created_at": now})
+    return rows
+
+
+async def record_usage(db: Database, tenant: str, session_id: str, agent_name: str,
+                       values: Mapping[str, float]) -> int:
+    """Store one usage row per non-zero value (one transaction); returns the rows written. (A turn's
+    usage goes with its last frames instead: `Sessions.store_turn_batch`.)"""
+    rows = usage_rows(tenant, session_id, TurnUsage(agent_name, values), utcnow())
+
+    def run(x: Statements) -> None:
+        for row in rows:
+            x.run(INSERT_USAGE, row)
+
     if rows:
-        async with db.tx() as s:
-            s.add_all(rows)
+        await db.run_direct(run)
     return len(rows)
 
 

@@ -144,13 +144,15 @@ class Webhooks:
                       webhook_id: str | None = None) -> builtins.list[str]:
         """One pending delivery per enabled hook of `tenant` subscribed to `event` (or the one hook
         named, whatever it subscribes to: a test delivery). Returns the delivery ids."""
-        query = select(Webhook.id, Webhook.events).where(Webhook.tenant_id == tenant)
-        query = query.where(Webhook.id == webhook_id) if webhook_id else query.where(Webhook.enabled.is_(True))
-        # Every session status change comes here, mostly for tenants with no hook: a read answers them
-        # without taking SQLite's write lock, which the next transition (a resume right after a pause)
-        # would otherwise wait for. A hook added between this read and an event is a race either way.
+        # Every session status change and every turn's end comes here, mostly for tenants with no
+        # hook: answered from memory before anything is built (a query costs more than the rest).
         if webhook_id is None and (tenant, event) in self._unheard:
             return []
+        query = select(Webhook.id, Webhook.events).where(Webhook.tenant_id == tenant)
+        query = query.where(Webhook.id == webhook_id) if webhook_id else query.where(Webhook.enabled.is_(True))
+        # A read answers the rest without taking SQLite's write lock, which the next transition (a
+        # resume right after a pause) would otherwise wait for. A hook added between this read and an
+        # event is a race either way.
         generation = self._generation
         async with self._db.read() as s:
             if not any(webhook_id or event in json.loads(events) for _, events in (await s.execute(query)).all()):

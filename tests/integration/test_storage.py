@@ -199,3 +199,29 @@ async def test_an_open_read_neither_blocks_a_write_nor_sees_it(db_url: str) -> N
         assert (await sessions.get("t", row.id)).status == "paused"
     finally:
         await db.close()
+
+
+async def test_a_turns_last_batch_stores_its_usage_in_the_same_transaction(db_url: str) -> None:
+    from ashd.storage import TurnUsage, UsageFilter, usage_stats
+    from ashd.storage._sessions import EventRecord
+
+    db = await Database.open(db_url)
+    try:
+        sessions = Sessions(db)
+        row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        await sessions.add_user_message(row.id, "t", "hi")
+        first = await sessions.reserve_events(row.id, 2)
+        done = [EventRecord(first, "text", {"text": "yo"}, "message", '{"text":"yo"}'),
+                EventRecord(first + 1, "frame", None, "done", "{}")]
+        usage = TurnUsage("a", {"tool_calls": 0.0, "message": 1.0, "compute_seconds": 0.25})
+        with pytest.raises(NotFound):  # a batch that cannot be stored stores no usage either
+            await sessions.store_turn_batch("no-such-session", "t", [("assistant", '"x"')], done, usage)
+        assert await usage_stats(db, "t", UsageFilter()) == {**await usage_stats(db, "nobody", UsageFilter())}
+        await sessions.store_turn_batch(row.id, "t", [("assistant", '"x"')], done, usage)
+        stats = await usage_stats(db, "t", UsageFilter(session_id=row.id))
+        assert stats["totalMessages"] == 1 and stats["totalComputeSeconds"] == 0.25 and stats["totalToolCalls"] == 0
+        stored = await sessions.get("t", row.id)
+        assert stored.turn_open is False and stored.message_count == 2
+        assert [f.event for f in await sessions.frames_after(row.id, 0)] == ["message", "done"]
+    finally:
+        await db.close()

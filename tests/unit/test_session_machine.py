@@ -255,9 +255,6 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
             raise NotFound(f"Agent {name} not found")
         return agents[name]
 
-    async def record_usage(*_args: Any) -> None:
-        return None
-
     def on_status(*change: Any) -> None:
         m.statuses.append(change)
         if m.listener_fails:
@@ -267,7 +264,7 @@ async def open_machine(short_tmp: Path, *, snapshot_max_bytes: int | None = None
         loop=asyncio.get_running_loop(), sessions=m.sessions, pool=m.pool, snapshots=m.snapshots, model_proxy=m.model_proxy,
         resolve_agent=resolve_agent, resolve_credential=m.credentials.use,
         decrypt_env=decrypt_env, count_resume=lambda path, sid, _agent: m.resumes.append((path, sid)),
-        record_usage=record_usage, fallback_api_key=None, ask_timeout=T, setup_timeout=setup_timeout, shutdown_grace=1.0,
+        fallback_api_key=None, ask_timeout=T, setup_timeout=setup_timeout, shutdown_grace=1.0,
         network_default=False, sandbox_owner=lambda _sid: None, runner_id=runner_id, on_status=on_status,
         session_logs=tails, warmer=warmer, snapshot_max_bytes=snapshot_max_bytes)
     try:
