@@ -73,6 +73,7 @@ from ashd.sandboxing import (
     WebhookTargets,
 )
 from ashd.storage import (
+    CHECKPOINT_AT_MOST_S,
     Agents,
     Cipher,
     Credentials,
@@ -82,6 +83,7 @@ from ashd.storage import (
     Sessions,
     SnapshotBoard,
     SnapshotTooLarge,
+    WalCheckpointer,
     Webhooks,
     iso,
     utcnow,
@@ -167,6 +169,11 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     launcher = await _start_launcher(settings, stops)
     board = SnapshotBoard()
     activity = Activity()  # the front end's requests in flight: what can wait, waits for a quiet moment
+    if parts.db.sqlite_file is not None:  # SQLite's checkpoints in quiet moments, not in a request's commit
+        checkpoints = WalCheckpointer(parts.db.sqlite_file,
+                                      lambda stop: activity.wait_quiet(at_most_s=CHECKPOINT_AT_MOST_S, stop=stop))
+        checkpoints.start()
+        stops.append(("WAL checkpoints", lambda: asyncio.to_thread(checkpoints.close)))
     owed = OwedSnapshots(activity)  # snapshots that wait for a quiet moment (a pause's, a DELETE's final one)
     snapshots = _start_snapshots(settings, board, owed, stops)
     model_proxy = _model_proxy(parts)

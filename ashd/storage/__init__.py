@@ -11,6 +11,8 @@ from ashd.storage._attachments import (
     model_block_kind,
     resolve_mime,
 )
+from ashd.storage._checkpoint import AT_MOST_S as CHECKPOINT_AT_MOST_S
+from ashd.storage._checkpoint import WalCheckpointer
 from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher, load_or_create_key
 from ashd.storage._database import Database
@@ -88,6 +90,7 @@ from ashd.storage._webhooks import (
 from ashd.storage._workspace_writes import write_files
 
 __all__ = [
+    "CHECKPOINT_AT_MOST_S",
     "DEFAULT_KEEP",
     "DEFAULT_TENANT",
     "ENV_SOURCE",
@@ -149,6 +152,7 @@ __all__ = [
     "TurnUsage",
     "UsageEvent",
     "UsageFilter",
+    "WalCheckpointer",
     "Webhook",
     "WebhookDelivery",
     "Webhooks",

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy import select
@@ -100,6 +101,11 @@ class Database:
         db = cls(create_engine(url))
         await migrate(db.engine)
         return db
+
+    @property
+    def sqlite_file(self) -> Path | None:
+        """The database file on SQLite (not in memory), else None."""
+        return Path(self.engine.url.database) if self._writer is not None and self.engine.url.database else None
 
     @property
     def dialect(self) -> str:

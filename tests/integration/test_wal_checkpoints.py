@@ -1,0 +1,68 @@
+"""SQLite's WAL checkpoints taken by their own thread in quiet moments (storage/_checkpoint.py), on a
+real database file: what was committed reaches the database file itself, and not before the front
+end is quiet."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from ashd.storage import Database, Session, WalCheckpointer
+from ashd.storage._sessions import Sessions
+
+
+def _in_database_file(path: Path) -> int:
+    """Sessions in the database file alone: `immutable` reads it without its write-ahead log."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+    except sqlite3.OperationalError:  # no such table: the schema itself is still only in the log
+        return 0
+    finally:
+        conn.close()
+
+
+def _wait(cond: object, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+async def test_committed_rows_reach_the_database_file_in_a_quiet_moment(tmp_path: Path) -> None:
+    path = tmp_path / "ashd.db"
+    db = await Database.open(f"sqlite+aiosqlite:///{path}")
+    assert db.sqlite_file == path
+    quiet = threading.Event()
+    asked: list[float] = []
+
+    def wait_quiet(stop: threading.Event) -> bool:
+        asked.append(time.monotonic())
+        while not quiet.is_set() and not stop.is_set():
+            time.sleep(0.01)
+        return quiet.is_set()
+
+    checkpoints = WalCheckpointer(path, wait_quiet, interval_s=0.02)
+    checkpoints.start()
+    try:
+        sessions = Sessions(db)
+        before = _in_database_file(path)
+        for _ in range(5):
+            await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        assert _wait(lambda: asked)  # the log was written to: it waits for a quiet moment
+        time.sleep(0.2)
+        assert checkpoints.checkpoints == 0 and _in_database_file(path) == before  # still only in the log
+        quiet.set()
+        assert _wait(lambda: _in_database_file(path) == before + 5)
+        taken = checkpoints.checkpoints
+        time.sleep(0.2)
+        assert checkpoints.checkpoints == taken  # nothing written since: no checkpoint
+        await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        assert _wait(lambda: _in_database_file(path) == before + 6)
+    finally:
+        checkpoints.close()
+        await db.close()
