@@ -15,6 +15,7 @@ from aiohttp import web
 
 from ashd import __version__
 from ashd._bootstrap import ensure_api_keys, ensure_internal_secret, prepare_data_dir
+from ashd._heap import settle as settle_heap
 from ashd._signals import StopStep, run_until_signalled, unwind
 from ashd.actors import EMPTY_POOL_STATS
 from ashd.backends import SessionBackend
@@ -142,6 +143,7 @@ class Server:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
         await site.start()
+        settle_heap()
         log.info("listening", extra={"host": self.settings.host, "port": self.settings.port})
 
     async def stop(self) -> None:

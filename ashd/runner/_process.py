@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ashd import __version__, runtime
 from ashd._bootstrap import ensure_internal_secret, prepare_data_dir
+from ashd._heap import settle as settle_heap
 from ashd._signals import StopStep, run_until_signalled, unwind
 from ashd.components import coordinator_id
 from ashd.config import Settings
@@ -80,6 +81,7 @@ class RunnerProcess:
         self.registration = Registration(settings.server_url, secret, identity, settings.runner_heartbeat_seconds,
                                          stats, local.registry.live_actors)
         self.registration.start()
+        settle_heap()
         log.info("runner listening", extra={"runnerId": self.runner_id, "host": settings.host,
                                             "port": settings.runner_port, "advertise": identity.host,
                                             "version": __version__, "server": settings.server_url})
