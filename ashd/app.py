@@ -143,7 +143,6 @@ class Server:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
         await site.start()
-        settle_heap()
         log.info("listening", extra={"host": self.settings.host, "port": self.settings.port})
 
     async def stop(self) -> None:
@@ -157,4 +156,9 @@ class Server:
 
 async def run(settings: Settings) -> None:
     server = Server(settings)
-    await run_until_signalled(server.serve, server.stop, log, "stop requested; shutting down gracefully")
+
+    async def serve() -> None:
+        await server.serve()
+        settle_heap()  # this process is the server: what its start built lives as long as it does
+
+    await run_until_signalled(serve, server.stop, log, "stop requested; shutting down gracefully")

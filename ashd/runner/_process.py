@@ -81,7 +81,6 @@ class RunnerProcess:
         self.registration = Registration(settings.server_url, secret, identity, settings.runner_heartbeat_seconds,
                                          stats, local.registry.live_actors)
         self.registration.start()
-        settle_heap()
         log.info("runner listening", extra={"runnerId": self.runner_id, "host": settings.host,
                                             "port": settings.runner_port, "advertise": identity.host,
                                             "version": __version__, "server": settings.server_url})
@@ -116,4 +115,9 @@ class RunnerProcess:
 
 async def run_runner(settings: Settings) -> None:
     process = RunnerProcess(settings)
-    await run_until_signalled(process.start, process.stop, log, "stop requested; draining the runner")
+
+    async def start() -> None:
+        await process.start()
+        settle_heap()  # this process is the runner: what its start built lives as long as it does
+
+    await run_until_signalled(start, process.stop, log, "stop requested; draining the runner")
