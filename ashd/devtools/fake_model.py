@@ -30,6 +30,7 @@ from ashd.devtools._fake_script import ScriptBook, estimate_input_tokens
 from ashd.devtools._fake_stream import error_body, full_message, sse_events
 
 DEFAULT_MODEL = "claude-fake-model"
+ONE_WRITE_BYTES = 16 * 1024
 
 
 class FakeModel:
@@ -120,12 +121,15 @@ class FakeModel:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         delay = float(turn.get("delay") or 0)
-        events = (f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-                  for name, data in sse_events(turn, model, tokens))
-        if not delay:  # an instant model: the whole reply is there at once, as one write
-            await resp.write(b"".join(events))
+        events = [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                  for name, data in sse_events(turn, model, tokens)]
+        if not delay and sum(map(len, events)) <= ONE_WRITE_BYTES:
+            # A short instant reply is there at once, as one write (one segment on the wire, as an
+            # instant model's would come); a long one is streamed event by event, as the API does.
+            events = [b"".join(events)]
         for event in events:
-            await asyncio.sleep(delay)
+            if delay:
+                await asyncio.sleep(delay)
             await resp.write(event)
         await resp.write_eof()
         return resp
