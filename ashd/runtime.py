@@ -73,7 +73,6 @@ from ashd.sandboxing import (
     WebhookTargets,
 )
 from ashd.storage import (
-    CHECKPOINT_AT_MOST_S,
     Agents,
     Cipher,
     Credentials,
@@ -170,8 +169,7 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     board = SnapshotBoard()
     activity = Activity()  # the front end's requests in flight: what can wait, waits for a quiet moment
     if parts.db.sqlite_file is not None:  # SQLite's checkpoints in quiet moments, not in a request's commit
-        checkpoints = WalCheckpointer(parts.db.sqlite_file,
-                                      lambda stop: activity.wait_quiet(at_most_s=CHECKPOINT_AT_MOST_S, stop=stop))
+        checkpoints = WalCheckpointer(parts.db.sqlite_file, activity.quiet)
         checkpoints.start()
         stops.append(("WAL checkpoints", lambda: asyncio.to_thread(checkpoints.close)))
     owed = OwedSnapshots(activity)  # snapshots that wait for a quiet moment (a pause's, a DELETE's final one)

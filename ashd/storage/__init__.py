@@ -11,7 +11,6 @@ from ashd.storage._attachments import (
     model_block_kind,
     resolve_mime,
 )
-from ashd.storage._checkpoint import AT_MOST_S as CHECKPOINT_AT_MOST_S
 from ashd.storage._checkpoint import WalCheckpointer
 from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher, load_or_create_key
@@ -90,7 +89,6 @@ from ashd.storage._webhooks import (
 from ashd.storage._workspace_writes import write_files
 
 __all__ = [
-    "CHECKPOINT_AT_MOST_S",
     "DEFAULT_KEEP",
     "DEFAULT_TENANT",
     "ENV_SOURCE",
