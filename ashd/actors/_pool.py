@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -66,6 +66,13 @@ class _Entry:
     # A sandbox being started off the actor (a spare, or a claim's when no spare could serve it;
     # disk image, launch): its result is the proc.
     starting: Future[Any] | None = None
+    # `running`: a turn (or an API command) runs in it, set and cleared by its session's thread
+    # (`_hold`, `_unhold`: no ask at a turn's start); `taken`: this actor takes it away (capacity,
+    # idle sweep). Each is set under `guard` after checking the other, so one of the two wins: a
+    # sandbox is never taken from a running turn, and a turn never starts in one being taken.
+    guard: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    running: bool = False
+    taken: bool = False
 
     @property
     def generic(self) -> bool:
@@ -205,7 +212,40 @@ class PoolActor(AioActor):
         paths = self._launcher.paths_for(entry.sandbox_id)
         meter = getattr(entry.proc, "meter", None)
         return SandboxHandle(entry.sandbox_id, paths, prewarmed=prewarmed, meter=meter,
-                             disk_bytes=entry.disk_bytes, alive=functools.partial(self._holds, entry))
+                             disk_bytes=entry.disk_bytes, alive=functools.partial(self._holds, entry),
+                             hold=functools.partial(self._hold, entry), unhold=functools.partial(self._unhold, entry))
+
+    def _hold(self, entry: _Entry) -> bool:
+        """`mark_running` from the session's thread, without a trip through this actor's mailbox
+        (a turn's start waited for it): False when the sandbox is gone or being taken away, and then
+        the session asks `mark_running`, which this actor answers after the take-away (its snapshot
+        is stored before the session restores from it). This actor is told, to count it."""
+        with entry.guard:
+            if entry.taken or not self._holds(entry):
+                return False
+            entry.running = True
+            entry.last_active = time.monotonic()
+        self._tell("_held", entry.sandbox_id)
+        return True
+
+    def _unhold(self, entry: _Entry) -> None:
+        """`mark_waiting` from the session's thread: the turn (or command) ended."""
+        with entry.guard:
+            entry.running = False
+            entry.last_active = time.monotonic()
+        self._tell("_held", entry.sandbox_id)
+
+    def _tell(self, method: str, *args: Any) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):  # stopping: nothing left to count
+            self.actor_ref.tell(_Call(method, args))
+
+    def _held(self, sandbox_id: str) -> None:
+        """A session held or let go of its sandbox (`_hold`, `_unhold`): its state follows."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.state not in (PoolState.RUNNING, PoolState.WAITING):
+            return
+        entry.state = PoolState.RUNNING if entry.running else PoolState.WAITING
+        self._publish()
 
     def mark_ready(self, sandbox_id: str) -> None:
         """The session has connected to and configured its sandbox: warming → waiting.
@@ -227,6 +267,8 @@ class PoolActor(AioActor):
         entry = self._entries.get(sandbox_id)
         if entry is None or entry.proc is None or entry.proc.poll() is not None:
             return False
+        with entry.guard:
+            entry.running = True
         entry.state = PoolState.RUNNING
         entry.last_active = time.monotonic()
         self._publish()
@@ -235,6 +277,8 @@ class PoolActor(AioActor):
     def mark_waiting(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
         if entry is not None and entry.state in (PoolState.RUNNING, PoolState.WARMING, PoolState.WAITING):
+            with entry.guard:
+                entry.running = False
             entry.state = PoolState.WAITING
             entry.last_active = time.monotonic()
             self._publish()
@@ -301,10 +345,11 @@ class PoolActor(AioActor):
                     continue
             # Only a configured, waiting sandbox can be idle: running means a turn (model calls,
             # tool calls) is in progress however long it takes, and mark_waiting restarts the clock.
-            if (entry.state is PoolState.WAITING and entry.configured
+            if (entry.state is PoolState.WAITING and entry.configured and not entry.running
                     and now - entry.last_active >= self.config.idle_timeout):
                 try:
-                    self._take_away(entry, LossReason.IDLE)
+                    if not self._take_away(entry, LossReason.IDLE):
+                        continue  # its session began a turn meanwhile
                 except StorageFull:
                     # Keep it rather than lose the workspace; look again in a minute.
                     entry.last_active = now - self.config.idle_timeout + _FULL_DISK_RETRY
@@ -327,7 +372,7 @@ class PoolActor(AioActor):
         if state is PoolState.WARMING:
             candidates = [e for e in candidates if e.session_id is None]
         if state is PoolState.WAITING:
-            candidates = [e for e in candidates if e.configured]
+            candidates = [e for e in candidates if e.configured and not e.running]
         return min(candidates, key=lambda e: e.last_active if state is PoolState.WAITING else e.created,
                    default=None)
 
@@ -347,7 +392,9 @@ class PoolActor(AioActor):
                 continue
             if state is PoolState.WAITING:
                 try:
-                    self._take_away(victim, LossReason.EVICTED)
+                    if not self._take_away(victim, LossReason.EVICTED):
+                        self._make_room()  # its session began a turn meanwhile: choose again
+                        return
                 except StorageFull as exc:  # the victim's own message names another tenant's session
                     raise StorageFull(
                         "Sandbox capacity is reached and the server's data disk is full: a waiting session "
@@ -363,14 +410,35 @@ class PoolActor(AioActor):
             "or starting sessions); try again later, or raise SERVICE_MAX_SANDBOXES"
         )
 
-    def _take_away(self, entry: _Entry, reason: LossReason) -> None:
-        """Snapshot a waiting session's workspace, destroy its sandbox and tell the session side.
+    def _take_away(self, entry: _Entry, reason: LossReason) -> bool:
+        """Snapshot a waiting session's workspace, destroy its sandbox and tell the session side;
+        False when its session held it for a turn first (`_hold`): it is not taken.
 
         The snapshot is taken here, in the actor, on purpose: a session that notices the loss
-        (mark_running answers False) restores from the snapshot, so the snapshot must be complete
-        before this actor answers anything else. The slow part, the shutdown ladder, is a worker's.
-        A full disk raises StorageFull and leaves the sandbox in place: its workspace would be lost.
+        (`_hold` refused, mark_running answers False) restores from the snapshot, so the snapshot
+        must be complete before this actor answers anything else. The slow part, the shutdown
+        ladder, is a worker's. A full disk raises StorageFull and leaves the sandbox in place (and
+        its session free to hold it again): its workspace would be lost.
         """
+        with entry.guard:
+            if entry.running:
+                return False
+            entry.taken = True
+        try:
+            self._snapshot_before(entry, reason)
+        except StorageFull:
+            with entry.guard:
+                entry.taken = False
+            raise
+        self._entries.pop(entry.sandbox_id, None)
+        self._workers.submit(self._destroy_now, entry)
+        if entry.session_id:
+            detail = ("evicted to make room for another session" if reason is LossReason.EVICTED
+                      else "idle timeout")
+            self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
+        return True
+
+    def _snapshot_before(self, entry: _Entry, reason: LossReason) -> None:
         if entry.session_id and self._snapshot is not None:
             try:
                 self._snapshot(entry.session_id, self._launcher.paths_for(entry.sandbox_id).workspace)
@@ -382,12 +450,6 @@ class PoolActor(AioActor):
             except Exception:
                 log.exception("snapshot before %s failed", reason.value,
                               extra={"sandboxId": entry.sandbox_id})
-        self._entries.pop(entry.sandbox_id, None)
-        self._workers.submit(self._destroy_now, entry)
-        if entry.session_id:
-            detail = ("evicted to make room for another session" if reason is LossReason.EVICTED
-                      else "idle timeout")
-            self._on_lost(SandboxLost(entry.session_id, entry.sandbox_id, reason, detail))
 
     def _new_entry(self, network: bool, seccomp: str = "default") -> _Entry:
         sandbox_id = "sb-" + uuid.uuid4().hex[:16]

@@ -40,6 +40,10 @@ class SandboxHandle:
     # Whether the pool still holds this sandbox and its process runs: read from the session's
     # thread without asking the pool (a warm resume checks it). None: ask the pool (`is_alive`).
     alive: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    # Mark it running (False: gone, or being taken away) and waiting again, from the session's
+    # thread without asking the pool (`PoolActor._hold`). None: ask (`mark_running`, `mark_waiting`).
+    hold: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    unhold: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -461,13 +461,12 @@ class SessionActor(StagedActor):
             raise BadRequest(f"Session is {row.status}; resume it before sending messages")
         if self.turn is not None:
             raise Conflict("A turn is already running")
-        if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
-                self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
+        if self.handle is None or self.conn is None or not self._hold_sandbox():
             # The sandbox died between turns: bring the session back on a new one, transparently.
             yield from self._drop_sandbox()
             yield from self._start_sandbox(resume_history=True, restore=True)
             assert self.handle is not None
-            self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
+            self._hold_sandbox()
         assert self.handle is not None
         _, first_event = yield self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content,
                                                                   attachments, EVENT_BLOCK)
@@ -537,14 +536,13 @@ class SessionActor(StagedActor):
             raise BadRequest("Session is ended; create a new session")
         if row.status != "active":
             raise BadRequest(f"Session is {row.status}; resume it before {what}")
-        if self.handle is None or self.conn is None or not self.deps.pool.mark_running(
-                self.handle.sandbox_id).get(timeout=self.deps.ask_timeout):
+        if self.handle is None or self.conn is None or not self._hold_sandbox():
             if self.turn is not None:  # the turn's own failure handling brings the sandbox back
                 raise SandboxError("the session's sandbox is not running; try again after the running turn")
             yield from self._drop_sandbox()
             yield from self._start_sandbox(resume_history=True, restore=True)
             assert self.handle is not None
-            self.deps.pool.mark_running(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
+            self._hold_sandbox()
         self._execs += 1
         return self.conn
 
@@ -553,7 +551,7 @@ class SessionActor(StagedActor):
         yield from ()  # no loop work; staged so that it waits for the request running before it
         self._execs = max(0, self._execs - 1)
         if self._execs == 0 and self.turn is None and self.handle is not None:
-            self.deps.pool.mark_waiting(self.handle.sandbox_id)
+            self._let_sandbox_wait()
 
     @staged
     def end_turn(self, query_id: str) -> Stage[None]:
@@ -561,7 +559,7 @@ class SessionActor(StagedActor):
             return
         self.turn = None
         if self.handle is not None and self._execs == 0:
-            self.deps.pool.mark_waiting(self.handle.sandbox_id)
+            self._let_sandbox_wait()
         # lastActiveAt and the counts changed in storage, not the status: a pause right after the turn
         # decides on the row it has (its transition returns the new one); a view reads it again.
         self._turn_since_row = True
@@ -631,6 +629,26 @@ class SessionActor(StagedActor):
             self.row = yield from self._transition("error", "error", extra={"reason": reason}, error=reason)
         except Exception:
             log.exception("could not record session error", extra={"sessionId": self.session_id})
+
+    def _hold_sandbox(self) -> bool:
+        """Mark the sandbox running for a turn or a command: False when it is gone. Held from this
+        thread without asking the pool (a turn's start waited for the answer); when that finds it
+        gone or being taken away, the pool is asked: it answers after the take-away, whose snapshot
+        the session's restore then reads."""
+        handle = self.handle
+        assert handle is not None
+        if handle.hold is not None and handle.hold():
+            return True
+        return bool(self.deps.pool.mark_running(handle.sandbox_id).get(timeout=self.deps.ask_timeout))
+
+    def _let_sandbox_wait(self) -> None:
+        """The sandbox's turn and commands are over: it is waiting again (evictable, idle-sweepable)."""
+        handle = self.handle
+        assert handle is not None
+        if handle.unhold is not None:
+            handle.unhold()
+        else:
+            self.deps.pool.mark_waiting(handle.sandbox_id)
 
     def _pool_alive(self, handle: SandboxHandle) -> bool:
         if handle.alive is not None:  # published by the pool with the claim: no ask

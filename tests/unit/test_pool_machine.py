@@ -250,6 +250,63 @@ def test_the_idle_sweep_spares_a_running_turn(make_pool: Callable[..., Pool]) ->
     pool.wait_counts({})
 
 
+def test_a_sandbox_held_from_its_sessions_thread_is_neither_evicted_nor_swept(make_pool: Callable[..., Pool]) -> None:
+    """A turn's start marks its sandbox running without asking the pool (`handle.hold`): from then
+    on it is no victim of the capacity or the idle sweep, and its count says running once the pool
+    has been told; `unhold` makes it waiting (and takeable) again."""
+    pool = make_pool(max_capacity=2, idle_timeout=0.3, sweep_interval=0.02)
+    busy = pool.claim("t", "busy")
+    pool.ready(busy)
+    assert busy.hold is not None and busy.unhold is not None
+    assert busy.hold() is True
+    pool.wait_counts({"running": 1})
+    other = pool.claim("t", "other")
+    pool.ready(other)
+    time.sleep(0.6)  # both idle past the timeout: only the one not held is swept
+    assert pool.next_loss().session_id == "other"
+    assert pool.alive(busy) and pool.lost.empty()
+    third = pool.claim("t", "third")  # capacity 2, one free: no eviction needed
+    pool.ready(third)
+    fourth = pool.claim("t", "fourth")  # full: the waiting one goes, not the held one
+    assert pool.next_loss().session_id == "third"
+    assert pool.alive(busy)
+    pool.ready(fourth)
+    busy.unhold()
+    assert {pool.next_loss().session_id, pool.next_loss().session_id} == {"busy", "fourth"}  # both idle now
+
+
+def test_a_sandbox_taken_away_cannot_be_held_and_the_pool_says_so_after_its_snapshot(
+        make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(max_capacity=1)
+    first = pool.claim("t", "s1", network=True)
+    pool.ready(first)
+    second = pool.claim("t", "s2", network=True)  # capacity 1: s1 is snapshotted and taken away
+    assert pool.next_loss().session_id == "s1"
+    assert first.hold is not None and first.hold() is False  # gone: the session starts it again
+    assert pool.actor.mark_running(first.sandbox_id).get(timeout=ASK) is False
+    assert ("snapshot", "s1") in pool.log  # stored before the pool answered: the restore reads it
+    assert second.hold is not None and second.hold() is True
+
+
+def test_a_take_away_and_a_hold_racing_have_one_winner(make_pool: Callable[..., Pool]) -> None:
+    """Threads racing a session's hold against the idle sweep: the sandbox is either held (and
+    kept) or taken away (and the hold refused), never both."""
+    pool = make_pool(max_capacity=8, idle_timeout=0.05, sweep_interval=0.005)
+    for i in range(6):
+        handle = pool.claim("t", f"s{i}")
+        pool.ready(handle)
+        assert handle.hold is not None
+        time.sleep(0.045 + 0.002 * i)  # around the moment the sweep finds it idle
+        held = handle.hold()
+        if held:
+            time.sleep(0.1)  # held: the sweep leaves it
+            assert pool.alive(handle) and pool.lost.empty()
+            assert handle.unhold is not None
+            handle.unhold()
+        assert pool.next_loss().session_id == f"s{i}"  # taken now, or after the hold was let go
+        assert handle.hold() is False
+
+
 def test_tenants_never_share_a_sandbox(make_pool: Callable[..., Pool]) -> None:
     pool = make_pool(max_capacity=8, prewarm=1)
     pool.wait_counts({"warm": 1})
