@@ -68,6 +68,10 @@ class _Output:
             return
         self.sent += 1
         await self.send(stream, step, text)
+        # The other pipe's pump gets its turn after each line (a frame is often sent without waiting
+        # for the loop): lines printed to stdout and stderr in turn are sent in turn, not each
+        # pipe's batch after the other's.
+        await asyncio.sleep(0)
 
 
 async def _pump(pipe: asyncio.StreamReader, stream: str, step: str, out: _Output, logf: IO[bytes]) -> None:
