@@ -242,9 +242,12 @@ class PoolActor(AioActor):
     def _held(self, sandbox_id: str) -> None:
         """A session held or let go of its sandbox (`_hold`, `_unhold`): its state follows."""
         entry = self._entries.get(sandbox_id)
-        if entry is None or entry.state not in (PoolState.RUNNING, PoolState.WAITING):
+        if entry is None:
             return
-        entry.state = PoolState.RUNNING if entry.running else PoolState.WAITING
+        if entry.running:
+            entry.state = PoolState.RUNNING  # as `mark_running` makes it, whatever it was
+        elif entry.state is PoolState.RUNNING:
+            entry.state = PoolState.WAITING
         self._publish()
 
     def mark_ready(self, sandbox_id: str) -> None:
