@@ -216,7 +216,7 @@ async def test_a_turns_last_batch_stores_its_usage_in_the_same_transaction(db_ur
         usage = TurnUsage("a", {"tool_calls": 0.0, "message": 1.0, "compute_seconds": 0.25})
         with pytest.raises(NotFound):  # a batch that cannot be stored stores no usage either
             await sessions.store_turn_batch("no-such-session", "t", [("assistant", '"x"')], done, usage)
-        assert await usage_stats(db, "t", UsageFilter()) == {**await usage_stats(db, "nobody", UsageFilter())}
+        assert not any((await usage_stats(db, "t", UsageFilter())).values())
         await sessions.store_turn_batch(row.id, "t", [("assistant", '"x"')], done, usage)
         stats = await usage_stats(db, "t", UsageFilter(session_id=row.id))
         assert stats["totalMessages"] == 1 and stats["totalComputeSeconds"] == 0.25 and stats["totalToolCalls"] == 0
