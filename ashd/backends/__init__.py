@@ -7,6 +7,7 @@ from ashd.backends._protocol import Bundle, Files, Frame, Message, NewSession, S
 from ashd.backends._queue_turn import QueueTurns
 from ashd.backends._remote import (
     DRAINING_HEADER,
+    FULL_HEADER,
     RemoteBackend,
     RunnerClient,
     RunnerDidNotTake,
@@ -19,6 +20,7 @@ from ashd.backends._turn_driver import TurnDriver
 
 __all__ = [
     "DRAINING_HEADER",
+    "FULL_HEADER",
     "NO_RUNNERS",
     "Bundle",
     "BundleConfig",

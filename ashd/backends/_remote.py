@@ -44,6 +44,9 @@ STREAM_READ_TIMEOUT = 90.0
 CONNECT_TIMEOUT = 10.0
 # On a runner's 503 "shutting down": nothing was stored for the request, another runner may take it.
 DRAINING_HEADER = "X-Runner-Draining"
+# On a runner's 503 for a create while every one of its sandboxes runs a turn: refused before it
+# stored anything (the coordinator's copy of its heartbeat was a moment old), another runner may take it.
+FULL_HEADER = "X-Runner-Full"
 _CHUNK = 256 * 1024
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
@@ -57,8 +60,8 @@ class RunnerUnreachable(Unavailable):
 
 
 class RunnerDidNotTake(RunnerUnreachable):
-    """The request never reached the runner's work (no connection, or it is draining): nothing was
-    stored for it, so another runner may take the same request."""
+    """The request never reached the runner's work (no connection, it is draining, or every sandbox
+    of it runs a turn): nothing was stored for it, so another runner may take the same request."""
 
 
 def _error(runner: str, status: int, body: bytes, headers: Any) -> ServiceError:
@@ -71,7 +74,7 @@ def _error(runner: str, status: int, body: bytes, headers: Any) -> ServiceError:
                                          "same SERVICE_INTERNAL_SECRET on coordinators and runners")
         exc.status_code = 502
         return exc
-    if status == 503 and headers.get(DRAINING_HEADER):  # refused before it took anything: try another
+    if status == 503 and (headers.get(DRAINING_HEADER) or headers.get(FULL_HEADER)):  # nothing taken: try another
         return RunnerDidNotTake(message)
     extra = {k: v for k, v in headers.items() if k.lower() == "retry-after"}
     cls = _BY_STATUS.get(status)

@@ -119,8 +119,9 @@ class RoutingBackend:
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def create(self, new: NewSession) -> SessionView:
-        # Only a runner that never took the request is passed over: one that refused it for capacity,
-        # or broke off while creating, may have stored the session, so the same id cannot go elsewhere.
+        # Only a runner that never took the request (unreachable, draining, or full at the door) is
+        # passed over: one that broke off while creating, or found no room after it stored the session,
+        # may have stored it, so the same id cannot go elsewhere.
         return await self._placed(lambda backend: backend.create(new), RunnerDidNotTake)
 
     async def _placed(self, start: Callable[[SessionBackend], Awaitable[SessionView]],

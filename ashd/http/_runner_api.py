@@ -21,8 +21,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from ashd.actors import Activity
-from ashd.backends import DRAINING_HEADER, Message, NewSession, SessionBackend
-from ashd.errors import BadRequest, Unauthorized, Unavailable
+from ashd.backends import DRAINING_HEADER, FULL_HEADER, Message, NewSession, SessionBackend
+from ashd.errors import BadRequest, CapacityError, Unauthorized, Unavailable
 from ashd.http._activity import activity_middleware
 from ashd.http._errors import error_middleware
 from ashd.http._file_response import send_file
@@ -94,6 +94,18 @@ def _refuse_while_draining(state: RunnerApiState, what: str) -> None:
                           "coordinator picks another runner)", headers={DRAINING_HEADER: "1", "Retry-After": "1"})
 
 
+def _refuse_when_full(state: RunnerApiState) -> None:
+    """Every sandbox runs a turn, and running ones are never evicted: a new session cannot start
+    here. Refused before anything is stored, so the coordinator, whose copy of this runner's
+    heartbeat may be a moment old, places it on the next best runner instead of failing it."""
+    stats = state.pool_stats()
+    capacity = stats.get("maxCapacity", 0)
+    if capacity > 0 and stats.get("running", 0) >= capacity:
+        raise CapacityError(f"Sandbox capacity reached on runner {state.runner_id} ({capacity} sandboxes, all "
+                            "running turns); try again later, or add runners or raise SERVICE_MAX_SANDBOXES",
+                            headers={FULL_HEADER: "1", "Retry-After": "1"})
+
+
 def _bytes(body: dict[str, Any], key: str) -> bytes | None:
     value = body.get(key)
     if value is None:
@@ -117,6 +129,7 @@ async def health(request: web.Request) -> web.Response:
 async def create(request: web.Request) -> web.Response:
     state = _state(request)
     _refuse_while_draining(state, "new sessions")
+    _refuse_when_full(state)
     body = await body_object(request)
     config = body.get("config") or {}
     if not isinstance(config, dict):
@@ -174,6 +187,7 @@ async def interrupt(request: web.Request) -> web.Response:
 async def fork(request: web.Request) -> web.Response:
     state = _state(request)
     _refuse_while_draining(state, "new sessions")
+    _refuse_when_full(state)
     body = await body_object(request)
     session = await state.backend.fork(req_str(body, "tenant", max_len=255), _sid(request),
                                        req_str(body, "childId", max_len=64), _bytes(body, "encryptedEnv"))

@@ -31,7 +31,6 @@ INTERVAL_S = 0.5
 AT_MOST_S = 2.0  # how long a checkpoint waits for a quiet moment before it is taken anyway
 
 
-
 class WalCheckpointer:
     def __init__(self, database: Path, quiet: Callable[[], bool] | None = None, interval_s: float = INTERVAL_S,
                  at_most_s: float = AT_MOST_S) -> None:

@@ -582,6 +582,39 @@ async def test_an_unreachable_runner_is_named_and_passed_over(cluster: Cluster, 
     assert session["runnerId"] == "r-real", session
 
 
+async def test_a_runner_full_at_the_door_sends_the_create_to_the_next_one(
+        cluster: Cluster, coordinator: Api, agent_dir: Path) -> None:
+    full = cluster.start_runner("r-a-full", url_of(coordinator), max_sandboxes=1)
+    cluster.start_runner("r-b-spare", url_of(coordinator), max_sandboxes=1)
+    await wait_registered(coordinator, "r-a-full", "r-b-spare")
+    await deploy(coordinator, agent_dir)
+    busy = await create(coordinator)
+    assert busy["runnerId"] == "r-a-full", busy  # a tie: the lowest id
+    token = "long-turn-" + secrets.token_hex(4)
+    cluster.fake.script(token, [{"content": [{"type": "text", "text": "z" * 120}], "chunk": 1, "delay": 0.04}])
+    running = asyncio.ensure_future(turn(coordinator, busy["id"], token))
+
+    async def its_one_sandbox_runs_the_turn() -> bool:
+        async with aiohttp.ClientSession() as client, client.get(f"{full.url}/health") as resp:
+            return bool((await resp.json())["pool"]["running"] == 1)
+
+    async with asyncio.timeout(30):
+        while not await its_one_sandbox_runs_the_turn():
+            await asyncio.sleep(0.05)
+    # The coordinator's copy says r-a-full has the most room (as a heartbeat a moment old would):
+    # the runner refuses at the door, storing nothing, and the create goes on to the next runner.
+    stale = {"runnerId": "r-a-full", "host": "127.0.0.1", "port": full.port, "maxSandboxes": 100}
+    status, body = await coordinator.call("POST", "/api/internal/runners/register", key=SECRET, json=stale)
+    assert status == 200, body
+    await asyncio.sleep(1.2)  # past the 1 s a coordinator keeps its copy of the runners table
+    placed = await create(coordinator)
+    assert placed["runnerId"] == "r-b-spare", placed
+    status, body = await coordinator.call("GET", "/api/sessions")
+    assert sorted((s["id"], s["status"]) for s in body["sessions"]) == sorted(
+        [(busy["id"], "active"), (placed["id"], "active")]), body  # no session left behind in error
+    assert (await running)[-1].event == "done"
+
+
 async def test_a_session_paused_behind_its_runners_back_resumes_warm_there(
         cluster: Cluster, coordinator: Api, agent_dir: Path) -> None:
     """A coordinator paused the runner's sessions in the shared database (it thought the runner gone:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ashd.backends import DRAINING_HEADER, RunnerDidNotTake, RunnerUnreachable
+from ashd.backends import DRAINING_HEADER, FULL_HEADER, RunnerDidNotTake, RunnerUnreachable
 from ashd.backends._remote import _error
 from ashd.errors import Gone, NotFound, ServiceError, Unavailable
 
@@ -33,6 +33,11 @@ def test_a_secret_mismatch_is_not_the_clients_401() -> None:
 def test_a_draining_runner_is_one_to_pass_over() -> None:
     exc = _error("r1", 503, body("runner r1 is shutting down", 503), {DRAINING_HEADER: "1"})
     assert isinstance(exc, RunnerDidNotTake) and isinstance(exc, RunnerUnreachable)
+
+
+def test_a_runner_full_at_the_door_is_one_to_pass_over() -> None:
+    exc = _error("r1", 503, body("Sandbox capacity reached on runner r1", 503), {FULL_HEADER: "1"})
+    assert isinstance(exc, RunnerDidNotTake) and exc.message == "Sandbox capacity reached on runner r1"
 
 
 def test_a_body_that_is_not_an_api_error_still_says_something() -> None:
