@@ -44,7 +44,7 @@ STREAM_READ_TIMEOUT = 90.0
 CONNECT_TIMEOUT = 10.0
 # On a runner's 503 "shutting down": nothing was stored for the request, another runner may take it.
 DRAINING_HEADER = "X-Runner-Draining"
-# On a runner's 503 for a create while every one of its sandboxes runs a turn: refused before it
+# On a runner's 503 for a create or a fork while every one of its sandboxes runs a turn: refused before it
 # stored anything (the coordinator's copy of its heartbeat was a moment old), another runner may take it.
 FULL_HEADER = "X-Runner-Full"
 _CHUNK = 256 * 1024

@@ -161,8 +161,6 @@ class SqliteWriter:
                 conn.close()
 
 
-
-
 def _joined(conn: Connection, fn: Callable[[SyncSession], T], *, write: bool) -> T:
     """`fn` in an ORM session that joins one transaction of the kept connection (BEGIN IMMEDIATE for
     the writer, DEFERRED for a reader: `install_sqlite_pragmas`): the session flushes into it and
