@@ -126,8 +126,9 @@ async def test_transitions_visible_in_health(start: Starter, fake_model: FakeMod
     assert (await pool(api))["total"] == 0
     fake_model.script("tok-slow", [{"content": [{"type": "text", "text": "a slow answer " * 20}], "delay": 0.05}])
     sid = (await create(api))["id"]
-    stats = await pool(api)
-    assert stats["waiting"] == 1 and stats["preWarmHits"] == 0
+    # A sandbox launched for its session turns from warming to waiting when the pool takes the
+    # session's word that it is configured: a message the create does not wait for.
+    await wait_pool(api, waiting=1, warming=0, preWarmHits=0)
     turn = asyncio.create_task(send(api, sid, "tok-slow go"))
     await wait_pool(api, running=1, waiting=0)
     status, frames = await turn
