@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import collections
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -197,17 +198,21 @@ async def main(args: argparse.Namespace) -> None:
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     marks = Marks()
     env = {"PYTHONPATH": path, "ASHD_TRACE_FILE": str(trace)}
-    async with fake_model() as model_url, ashd_server(model_url, prewarm=2, extra_env=env) as (url, key, _proc), \
-            aiohttp.ClientSession() as http:
-        c = Client(http, url, key)
-        await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
-        await rounds(c, args.n + 2, marks)
-    spans, warnings = read_spans(trace)
+    try:
+        async with fake_model() as model_url, \
+                ashd_server(model_url, prewarm=2, extra_env=env) as (url, key, _proc), \
+                aiohttp.ClientSession() as http:
+            c = Client(http, url, key)
+            await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
+            await rounds(c, args.n + 2, marks)
+        spans, warnings = read_spans(trace)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+        if not args.keep:
+            trace.unlink(missing_ok=True)
     for warning in warnings:
         print(f"not traced: {warning}")
     report(marks, spans, args.only)
-    if not args.keep:
-        trace.unlink()
 
 
 if __name__ == "__main__":
