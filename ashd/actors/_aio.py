@@ -116,10 +116,17 @@ class AioActor(ThreadingActor):
         return AioFuture()
 
 
-async def call(future: pykka.Future[T], timeout: float) -> T:
-    """Await an actor reply without blocking the loop, bounded by `timeout` seconds."""
+async def call(future: pykka.Future[T] | concurrent.futures.Future[T], timeout: float) -> T:
+    """Await an actor reply without blocking the loop, bounded by `timeout` seconds. A
+    `concurrent.futures.Future` is the answer of a request handled on this thread (`_inline.py`):
+    taken at once when it is resolved already, as it mostly is."""
     aio = getattr(future, "aio", None)
     try:
+        if isinstance(future, concurrent.futures.Future):
+            if future.done():
+                return future.result()
+            async with asyncio.timeout(timeout):  # shielded: a timeout must not cancel the actor's `Later`
+                return await asyncio.shield(asyncio.wrap_future(future))
         if aio is None:
             # A future from a non-Aio actor or created off-loop: wait for it in a thread.
             loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from typing import Any
 from ashd.actors._aio import Later, spawn_on_loop
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
-from ashd.actors._staged import OnLoop, Stage, StagedActor, staged
+from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
 from ashd.actors._turn import EVENT_BLOCK
 from ashd.errors import (
     BadRequest,
@@ -49,6 +49,10 @@ from ashd.storage import (
 )
 
 log = logging.getLogger(__name__)
+# A DELETE handled on the loop (`_inline_ok`) walks the workspace there only up to this many entries
+# (a new agent's is a few dozen: a fraction of a millisecond); a larger one is walked on this
+# actor's thread, where a long walk holds up no one else.
+INLINE_WALK_ENTRIES = 128
 
 _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 # A new session's row being inserted (see `SessionActor.create`).
@@ -77,6 +81,22 @@ class SessionActor(StagedActor):
         # Config changes (PATCH .../config) the live bridge has not been sent yet: they go with the next
         # query. A bridge started later gets the stored config in its init instead.
         self._live_changes: dict[str, Any] | None = None
+
+    def _inline_ok(self, name: str) -> bool:
+        """A pause or a DELETE with no turn running, a warm resume and a turn's start may be handled on
+        the loop while this actor is idle (`_inline.py`): their steps there read this actor's state
+        and store one transaction, which goes to the writer thread when the database is not free at
+        once. A resume or a turn that finds its sandbox gone, and a DELETE of a workspace of more
+        than INLINE_WALK_ENTRIES entries, go on on this actor's thread (`ON_ACTOR_THREAD`). Not on a
+        runner: its transitions are fenced, and one fenced out lets its sandbox go, which waits for
+        the pool."""
+        if self.deps.runner_id is not None or self.row is None:
+            return False
+        if name in ("pause", "delete"):  # a DELETE's walk of a large workspace goes to this thread
+            return self.turn is None
+        if name in ("resume", "begin_turn"):
+            return self.handle is not None and self.handle.alive is not None and self.conn is not None
+        return False
 
     # --- reads ---------------------------------------------------------------------------------
     @staged
@@ -170,6 +190,7 @@ class SessionActor(StagedActor):
         if self.handle is not None and self.conn is not None and self._pool_alive(self.handle):
             path = "warm"
         else:
+            yield ON_ACTOR_THREAD  # a cold start asks the pool: never from the loop (`_inline_ok`)
             agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
             yield from self._drop_sandbox()
             try:
@@ -400,7 +421,11 @@ class SessionActor(StagedActor):
         assert self.handle is not None
         workspace = self.handle.paths.workspace
         try:
-            check_fits(workspace, self.session_id, self.deps.snapshot_max_bytes)
+            # On the loop (`_inline_ok`) only a small tree is walked; a larger one on this actor's thread.
+            if not check_fits(workspace, self.session_id, self.deps.snapshot_max_bytes,
+                              max_entries=INLINE_WALK_ENTRIES if self._inline else None):
+                yield ON_ACTOR_THREAD
+                check_fits(workspace, self.session_id, self.deps.snapshot_max_bytes)
             too_large = None
         except SnapshotTooLarge as exc:
             too_large = exc.message
@@ -461,12 +486,15 @@ class SessionActor(StagedActor):
             raise BadRequest(f"Session is {row.status}; resume it before sending messages")
         if self.turn is not None:
             raise Conflict("A turn is already running")
-        if self.handle is None or self.conn is None or not self._hold_sandbox():
-            # The sandbox died between turns: bring the session back on a new one, transparently.
-            yield from self._drop_sandbox()
-            yield from self._start_sandbox(resume_history=True, restore=True)
-            assert self.handle is not None
-            self._hold_sandbox()
+        handle = self.handle
+        if handle is None or self.conn is None or handle.hold is None or not handle.hold():
+            yield ON_ACTOR_THREAD  # what follows may ask the pool: never from the loop (`_inline_ok`)
+            if self.handle is None or self.conn is None or not self._hold_sandbox():
+                # The sandbox died between turns: bring the session back on a new one, transparently.
+                yield from self._drop_sandbox()
+                yield from self._start_sandbox(resume_history=True, restore=True)
+                assert self.handle is not None
+                self._hold_sandbox()
         assert self.handle is not None
         _, first_event = yield self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content,
                                                                   attachments, EVENT_BLOCK)

@@ -23,6 +23,7 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pykka
 
 from ashd.actors._aio import AioActor, Later, pipe_to_actor
+from ashd.actors._inline import TurnInbox
 from ashd.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,17 @@ class OnLoop:
 
     coro: Coroutine[Any, Any, Any]
     timeout: float
+
+
+class _OnActorThread:
+    """Yielded by a handler: go on on the actor's own thread (the handler may be running on the
+    caller's, `_inline.py`, and what follows may block: an ask of the pool, a sandbox's start)."""
+
+    def __repr__(self) -> str:
+        return "ON_ACTOR_THREAD"
+
+
+ON_ACTOR_THREAD = _OnActorThread()
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,43 @@ class StagedActor(AioActor):
         self._running: _Request | None = None
         self._stashed: deque[_Request] = deque()
         self._stage = 0  # number of the stage now on the loop; a stale outcome is ignored
+        self._inline = False  # a handler runs on the caller's thread now (`_inline.try_inline`)
+        inbox = self.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        inbox.owner = weakref.ref(self)
+
+    @staticmethod
+    def _create_actor_inbox() -> TurnInbox:
+        return TurnInbox()
+
+    def _handle_receive(self, message: Any) -> Any:
+        # Each message is handled holding the actor's turn, which a request handled on its caller's
+        # thread holds too (`_inline.py`): one of them at a time, each in the order it came.
+        inbox = self.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        with inbox.turn:
+            try:
+                return super()._handle_receive(message)
+            finally:
+                inbox.handled += 1
+
+    def run_inline(self, name: str, *args: Any, **kwargs: Any) -> Later[Any] | None:
+        """The staged request `name` handled on the caller's thread, which holds this actor's turn
+        and found its inbox idle (`_inline.try_inline`); None when this actor has a request of its own
+        or does not let `name` run there."""
+        if self.busy() or not self._inline_ok(name):
+            return None
+        self._inline = True
+        try:
+            reply: Later[Any] = getattr(self, name)(*args, **kwargs)
+        finally:
+            self._inline = False
+        return reply
+
+    def _inline_ok(self, name: str) -> bool:
+        """Whether the staged request `name` may run on its caller's thread while this actor is idle
+        (`_inline.py`): only a request whose steps there neither block nor ask another actor."""
+        return False
 
     def busy(self) -> bool:
         """A request is being handled or waiting to be."""
@@ -118,12 +168,18 @@ class StagedActor(AioActor):
                 self._running = None
                 request.reply.set_exception(exc)
                 return
+            if work is ON_ACTOR_THREAD and not self._inline:
+                result, error = None, None  # on it already
+                continue
             if not (isinstance(work, concurrent.futures.Future) and work.done()):
                 break
             # Work that already ran on this thread (a direct SQLite transaction): go on at once.
             error = work.exception()
             result = None if error is not None else work.result()
         self._stage += 1
+        if work is ON_ACTOR_THREAD:  # the rest of the handler as a message to the actor's thread
+            _tell_done(self.actor_ref, self._stage, _RESOLVED)
+            return
         if isinstance(work, concurrent.futures.Future):
             # Work already started on a thread of its own (the SQLite writer): its outcome comes back
             # as a message straight from there, without a trip through the loop.
@@ -163,6 +219,10 @@ class StagedActor(AioActor):
             if not request.reply.done():
                 request.reply.set_exception(Unavailable("the service is shutting down or a component "
                                                         "stopped; try again"))
+
+
+_RESOLVED: concurrent.futures.Future[None] = concurrent.futures.Future()
+_RESOLVED.set_result(None)
 
 
 def _tell_done(ref: Any, stage: int, work: concurrent.futures.Future[Any]) -> None:

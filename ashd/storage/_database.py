@@ -26,6 +26,9 @@ T = TypeVar("T")
 # How long a transaction run on an actor's own thread waits for the database before it goes to the
 # writer thread instead: longer than the writer's usual transaction, far shorter than a stall.
 INLINE_WAIT_MS = 20
+# On the event loop's thread (an actor's request handled there, `actors/_inline.py`) it does not
+# wait at all: every other request waits while the loop does.
+LOOP_WAIT_MS = 0
 
 
 class Database:
@@ -76,15 +79,16 @@ class Database:
 
     def direct_here(self, fn: Callable[[Statements], T]) -> Future[T] | None:
         """`fn(statements)` as one transaction, on SQLite: run now on the calling thread (an actor's)
-        when the database is free within `INLINE_WAIT_MS` (a future already resolved), else handed to
-        the writer thread (a future it resolves), so that a stalled database holds up no actor. None
-        where there is no writer (await `run_direct` instead)."""
+        when the database is free within `INLINE_WAIT_MS` (on the loop's thread: free at once), a
+        future already resolved; else handed to the writer thread (a future it resolves), so that a
+        stalled database holds up no actor. None where there is no writer (await `run_direct`)."""
         writer = self._writer
         if writer is None:
             return None
+        wait_ms = LOOP_WAIT_MS if _on_loop() else INLINE_WAIT_MS
         done: Future[T] = Future()
         try:
-            done.set_result(_mapped_call(lambda: writer.direct(fn, wait_ms=INLINE_WAIT_MS)))
+            done.set_result(_mapped_call(lambda: writer.direct(fn, wait_ms=wait_ms)))
         except WriterBusy:
             try:
                 return writer.submit_direct(fn, _mapped_call)
@@ -165,3 +169,11 @@ def _raise_mapped(exc: Exception) -> None:
     mapped = storage_failure(exc, database=True)
     if mapped is not None and mapped is not exc:
         raise mapped from exc
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

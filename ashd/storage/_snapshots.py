@@ -71,19 +71,26 @@ class _Budget:
                 "the previous one, if any, is kept; remove files from the workspace and try again")
 
 
-def check_fits(workspace: Path, session_id: str, max_bytes: int | None) -> None:
+def check_fits(workspace: Path, session_id: str, max_bytes: int | None, *, max_entries: int | None = None) -> bool:
     """SnapshotTooLarge when the files a snapshot of `workspace` would hold exceed `max_bytes`: a walk
     of the same entries, with no tar. For an answer that must say it before the snapshot is taken
-    (a DELETE, whose snapshot follows it); the snapshot itself still counts as it archives."""
+    (a DELETE, whose snapshot follows it); the snapshot itself still counts as it archives. With
+    `max_entries`, False when the tree has more entries than that (not checked: a walk that may take
+    long belongs on a thread that may wait); True when it was checked."""
     if max_bytes is None:
-        return
+        return True
     budget = _Budget(session_id, max_bytes)
-    for _rel, entry in walk(workspace, MAX_ENTRIES):
+    seen = 0
+    for _rel, entry in walk(workspace, MAX_ENTRIES if max_entries is None else max_entries + 1):
+        seen += 1
+        if max_entries is not None and seen > max_entries:
+            return False
         try:
             if entry.is_file(follow_symlinks=False):
                 budget.take(entry.stat(follow_symlinks=False).st_size)
         except FileNotFoundError:
             continue  # removed while we walked a live workspace
+    return True
 
 
 class SnapshotBoard:

@@ -4,7 +4,9 @@ and answer the same; an actor's inline transaction never waits behind a stalled 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -15,6 +17,7 @@ from sqlalchemy import bindparam, insert, select
 
 from ashd.errors import NotFound
 from ashd.storage import Database, Session, SessionEvent
+from ashd.storage._database import INLINE_WAIT_MS
 from ashd.storage._direct import SqliteStatements
 from ashd.storage._models import Agent
 from ashd.storage._sessions import SessionHeldElsewhere, Sessions
@@ -31,6 +34,27 @@ async def _seeded(db: Database, **values: Any) -> Session:
         s.add(Agent(tenant_id="t", name="a", path="/agents/a"))
     return await Sessions(db).insert(Session(tenant_id="t", agent_name="a", status="active",
                                              env_ciphertext=b"\x00secret\xff", **values))
+
+
+class _RecordedLock:
+    """The writer's lock, recording how long each `acquire` was willing to wait."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.timeouts: list[float] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.timeouts.append(timeout)
+        return bool(self._lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *_: Any) -> None:
+        self.release()
 
 
 async def _events(db: Database, session_id: str) -> list[str | None]:
@@ -99,6 +123,52 @@ async def test_an_inline_transition_goes_to_the_writer_thread_while_another_proc
         other.execute("COMMIT")
         paused = await asyncio.wrap_future(future)  # type: ignore[arg-type]
         assert paused.status == "paused" == (await sessions.get("t", row.id)).status
+    finally:
+        other.close()
+        await db.close()
+
+
+async def test_a_transition_on_the_loop_does_not_wait_for_the_database(tmp_path: Path) -> None:
+    """A request handled on the loop's thread (`actors/_inline.py`) runs its transition there only
+    if the database is free at once: with another connection holding the write lock, and with the
+    writer's own lock held by another thread, the loop is given back a future at once, with no busy
+    wait (an actor's thread would wait up to INLINE_WAIT_MS), and the writer thread stores it."""
+    path = tmp_path / "ashd.db"
+    db = await Database.open(f"sqlite+aiosqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        sessions = Sessions(db)
+        row = await _seeded(db)
+        other.execute("BEGIN IMMEDIATE")
+        future = sessions.transition_soon(row.id, "t", "paused", "paused")  # on the loop's thread
+        assert isinstance(future, concurrent.futures.Future) and not future.done()
+        writer = db._writer
+        assert writer is not None
+        other.execute("COMMIT")
+        assert (await asyncio.wrap_future(future)).status == "paused"
+
+        held, release = threading.Event(), threading.Event()
+        waits = _RecordedLock(writer._lock)
+        writer._lock = waits  # type: ignore[assignment]
+
+        def hold_the_writer() -> None:
+            with waits:
+                held.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold_the_writer)
+        holder.start()
+        held.wait(10)
+        future = sessions.transition_soon(row.id, "t", "active", "resumed")
+        assert isinstance(future, concurrent.futures.Future) and not future.done()
+        assert waits.timeouts[-1] == 0  # the loop's attempt did not wait for the lock
+        release.set()
+        holder.join(10)
+        assert (await asyncio.wrap_future(future)).status == "active"
+        await asyncio.to_thread(lambda: sessions.transition_soon(row.id, "t", "paused", "paused").result(10))  # type: ignore[union-attr]
+        assert waits.timeouts[-1] == INLINE_WAIT_MS / 1000  # an actor's thread waits a little
+        actions = [json.loads(data or "{}")["action"] for data in await _events(db, row.id)]
+        assert actions[-3:] == ["paused", "resumed", "paused"]
     finally:
         other.close()
         await db.close()

@@ -7,6 +7,7 @@ coordinator mode and are tested there.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -255,3 +256,43 @@ async def test_a_warm_resume_after_its_agent_was_deleted_is_404_and_the_session_
     status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
     assert status == 200 and body["session"]["sandboxId"] == session["sandboxId"]
     assert body["session"]["status"] == "active"
+
+
+async def test_pauses_resumes_and_messages_at_once_keep_one_order(sapi: Api) -> None:  # noqa: F811
+    """Requests sent together to one session, most of them handled on the loop while its actor is
+    idle and the rest through its inbox (`actors/_inline.py`): every answer agrees with the status it
+    names, and the lifecycle events stored replay as one valid sequence ending in the stored status."""
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    for round_ in range(6):
+        answers = await asyncio.gather(
+            sapi.call("POST", f"/api/sessions/{sid}/pause"),
+            send(sapi, sid, f"message {round_}"),
+            sapi.call("POST", f"/api/sessions/{sid}/resume"),
+            sapi.call("GET", f"/api/sessions/{sid}"),
+            sapi.call("POST", f"/api/sessions/{sid}/pause"),
+            sapi.call("POST", f"/api/sessions/{sid}/resume"),
+        )
+        for (status, body), what in zip(answers, ("pause", "message", "resume", "get", "pause", "resume"),
+                                        strict=True):
+            if what == "message":
+                assert status in (200, 400, 409), body
+                if status == 200:
+                    assert body[-1].event == "done"
+                continue
+            if status != 200:
+                assert what == "pause" and status == 400 and "only an active session" in body["error"], body
+                continue
+            expected = {"pause": "paused", "resume": "active"}.get(what)
+            assert expected is None or body["session"]["status"] == expected, (what, body)
+    state = None
+    for event in await _lifecycle(sapi, sid):
+        action = event["action"]
+        if action == "created":
+            assert state is None
+        elif action == "paused":
+            assert state == "active", event
+        elif action == "resumed":
+            assert state == "paused" and event["path"] == "warm", event
+        state = event["status"]
+    assert state == await _status(sapi, sid)

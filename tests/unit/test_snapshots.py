@@ -20,6 +20,8 @@ from ashd.errors import BadRequest, NotFound, StorageError
 from ashd.storage._files import list_files
 from ashd.storage._snapshots import (
     PARTIAL_PREFIX,
+    SnapshotTooLarge,
+    check_fits,
     check_session_id,
     latest_local,
     list_keys,
@@ -290,3 +292,19 @@ def test_reader_follows_the_workspace_rules(ws: Path, tmp_path: Path) -> None:
     reader.close()
     with pytest.raises(StorageError, match="closed"):
         reader.open_file("AGENT.md")
+
+
+def test_check_fits_says_when_a_bounded_walk_did_not_finish(tmp_path: Path) -> None:
+    """A DELETE handled on the loop walks at most a few entries there (`check_fits(max_entries=)`):
+    False when the tree is larger (then it is walked again on the actor's thread), True when the
+    whole tree was counted; a tree over the limit within those entries is refused either way."""
+    for i in range(10):
+        (tmp_path / f"f{i}").write_bytes(b"x" * 100)
+    assert check_fits(tmp_path, "s", 10_000, max_entries=10) is True
+    assert check_fits(tmp_path, "s", 10_000, max_entries=9) is False
+    assert check_fits(tmp_path, "s", 10_000) is True
+    (tmp_path / "big").write_bytes(b"x" * 20_000)
+    with pytest.raises(SnapshotTooLarge):
+        check_fits(tmp_path, "s", 10_000)
+    with pytest.raises(SnapshotTooLarge):  # "big" sorts first: found within the bound
+        check_fits(tmp_path, "s", 10_000, max_entries=3)

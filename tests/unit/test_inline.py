@@ -1,0 +1,177 @@
+"""A staged request handled on the caller's thread while its actor is idle (`actors/_inline.py`):
+only then, only what the actor lets run there, in the order the actor would have handled it, and
+with the rest of a handler on the actor's thread when it asks for it."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pykka
+import pytest
+
+from ashd.actors._aio import Later, call
+from ashd.actors._inline import try_inline
+from ashd.actors._staged import ON_ACTOR_THREAD, Stage, StagedActor, staged
+from ashd.errors import BadRequest, Unavailable
+
+
+class Recorder(StagedActor):
+    """Records which thread ran each step of its requests, and in what order requests ran."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop, stage_timeout=5)
+        self.log: list[tuple[str, int]] = []
+        self.allowed = {"step", "hop", "wait_for", "fail", "tell_and_step"}
+
+    def _inline_ok(self, name: str) -> bool:
+        return name in self.allowed
+
+    @staged
+    def step(self, label: str) -> Stage[int]:
+        yield from ()
+        self.log.append((label, threading.get_ident()))
+        return threading.get_ident()
+
+    @staged
+    def hop(self) -> Stage[tuple[int, int]]:
+        before = threading.get_ident()
+        yield ON_ACTOR_THREAD
+        return before, threading.get_ident()
+
+    @staged
+    def wait_for(self, work: concurrent.futures.Future[int]) -> Stage[tuple[int, int]]:
+        value = yield work
+        return value, threading.get_ident()
+
+    @staged
+    def fail(self) -> Stage[None]:
+        yield from ()
+        raise BadRequest("refused here")
+
+    @staged
+    def tell_and_step(self, gate: threading.Event) -> Stage[None]:
+        """Another thread sends this actor a message while this request runs on the caller's thread."""
+        yield from ()
+        self.log.append(("inline start", threading.get_ident()))
+        def send() -> None:
+            self.actor_ref.tell(_Step("told"))
+            gate.set()
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(5)
+        self.log.append(("inline end", threading.get_ident()))
+
+    def blocked(self, gate: threading.Event) -> None:  # not staged: holds the actor's thread
+        gate.wait(5)
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _Step):
+            self.log.append((message.label, threading.get_ident()))
+            return None
+        return super().on_receive(message)
+
+
+class _Step:
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+
+@pytest.fixture
+async def recorder() -> AsyncIterator[tuple[pykka.ActorRef[Recorder], Any]]:
+    ref = Recorder.start(asyncio.get_running_loop())
+    proxy = ref.proxy()
+    await call(proxy.step("first, through the inbox"), 5)  # the actor's thread has started
+    yield ref, proxy
+    pykka.ActorRegistry.stop_all()
+
+
+async def test_an_idle_actor_lets_the_caller_handle_the_request(recorder: Any) -> None:
+    ref, _ = recorder
+    reply = try_inline(ref, "step", "inline")
+    assert reply is not None and reply.done()
+    assert reply.result() == threading.get_ident()  # the loop's own thread ran it
+    assert await call(reply, 5) == threading.get_ident()
+
+
+async def test_a_request_the_actor_does_not_allow_goes_through_its_inbox(recorder: Any) -> None:
+    ref, proxy = recorder
+    ref_actor = ref.actor_inbox.owner()
+    ref_actor.allowed.discard("step")
+    assert try_inline(ref, "step", "refused") is None
+    assert await call(proxy.step("asked"), 5) != threading.get_ident()
+
+
+async def test_an_actor_not_yet_started_or_busy_is_not_bypassed(recorder: Any) -> None:
+    fresh = Recorder.start(asyncio.get_running_loop())  # nothing handled yet
+    assert try_inline(fresh, "step", "too early") is None
+    ref, proxy = recorder
+    gate = threading.Event()
+    busy = proxy.blocked(gate)  # the actor's thread holds a message
+    await asyncio.sleep(0.05)
+    queued = proxy.step("queued behind it")  # and one more waits in its inbox
+    assert try_inline(ref, "step", "would jump the queue") is None
+    gate.set()
+    await call(busy, 5)
+    await call(queued, 5)
+    assert try_inline(ref, "step", "idle again") is not None
+    labels = [label for label, _ in ref.actor_inbox.owner().log]
+    assert labels[-2:] == ["queued behind it", "idle again"]
+
+
+async def test_a_message_sent_meanwhile_is_handled_after_the_inline_request(recorder: Any) -> None:
+    ref, _ = recorder
+    gate = threading.Event()
+    reply = try_inline(ref, "tell_and_step", gate)
+    assert reply is not None and reply.done() and gate.is_set()
+    actor = ref.actor_inbox.owner()
+    for _ in range(100):
+        if any(label == "told" for label, _ in actor.log):
+            break
+        await asyncio.sleep(0.01)
+    labels = [label for label, _ in actor.log]
+    assert labels[-3:] == ["inline start", "inline end", "told"]
+    told_thread = next(thread for label, thread in actor.log if label == "told")
+    assert told_thread != threading.get_ident()  # the actor's own thread handled the message
+
+
+async def test_on_actor_thread_moves_the_rest_of_the_handler(recorder: Any) -> None:
+    ref, proxy = recorder
+    reply = try_inline(ref, "hop")
+    assert reply is not None
+    before, after = await call(reply, 5)
+    assert before == threading.get_ident() and after != before
+    before, after = await call(proxy.hop(), 5)  # through the inbox it is already there: no hop
+    assert before == after != threading.get_ident()
+
+
+async def test_pending_work_of_an_inline_request_finishes_on_the_actor_thread(recorder: Any) -> None:
+    ref, _ = recorder
+    work: concurrent.futures.Future[int] = concurrent.futures.Future()
+    reply = try_inline(ref, "wait_for", work)
+    assert reply is not None and not reply.done()
+    assert try_inline(ref, "step", "while it waits") is None  # the actor has a request running
+    with pytest.raises(Unavailable):
+        await call(reply, 0.05)  # the caller gives up ...
+    work.set_result(7)
+    value, thread = await asyncio.wrap_future(reply)  # ... the request is not cancelled: it answers
+    assert value == 7 and thread != threading.get_ident()
+
+
+async def test_an_inline_request_answers_its_error(recorder: Any) -> None:
+    ref, _ = recorder
+    reply = try_inline(ref, "fail")
+    assert isinstance(reply, Later)
+    with pytest.raises(BadRequest, match="refused here"):
+        await call(reply, 5)
+    assert try_inline(ref, "step", "after the error") is not None
+
+
+async def test_a_stopped_actor_is_not_run_inline(recorder: Any) -> None:
+    ref, _ = recorder
+    ref.stop(block=True)
+    assert try_inline(ref, "step", "after stop") is None
