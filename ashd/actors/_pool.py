@@ -266,9 +266,24 @@ class PoolActor(AioActor):
             entry.state = PoolState.WAITING if entry.session_id else PoolState.WARM
         self._publish()
 
-    def mark_running(self, sandbox_id: str) -> bool:
+    def check_exited(self, sandbox_id: str) -> bool:
+        """True when this sandbox is gone: no longer this pool's, or its process has exited. A session
+        that found it dead before the sweep did has the exit handled now (its workspace saved as the
+        session's newest snapshot) and answered after, so what it restores next is that snapshot."""
         entry = self._entries.get(sandbox_id)
-        if entry is None or entry.proc is None or entry.proc.poll() is not None:
+        if entry is None or entry.proc is None:
+            return entry is None
+        info = entry.proc.poll()
+        if info is None:
+            return False
+        self._exited(sandbox_id, info)
+        return True
+
+    def mark_running(self, sandbox_id: str) -> bool:
+        if self.check_exited(sandbox_id):
+            return False
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.proc is None:
             return False
         with entry.guard:
             entry.running = True
@@ -331,6 +346,14 @@ class PoolActor(AioActor):
             return
         log.warning("sandbox exited: %s", info.describe(), extra={"sandboxId": sandbox_id,
                                                                    "sessionId": entry.session_id})
+        # Its workspace outlives its processes: stored as the session's newest snapshot, here and
+        # before anything else is answered, as a take-away does (the session's next turn or resume
+        # restores from it), so what the agent wrote since the last snapshot is not lost with it.
+        try:
+            self._snapshot_before(entry, LossReason.EXITED)
+        except StorageFull as exc:
+            log.error("the workspace of an exited sandbox could not be saved: %s", exc.message,
+                      extra={"sandboxId": sandbox_id, "sessionId": entry.session_id})
         self._workers.submit(self._destroy_now, entry)
         if entry.session_id:
             self._on_lost(SandboxLost(entry.session_id, sandbox_id, LossReason.EXITED, info.describe()))

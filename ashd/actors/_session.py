@@ -191,6 +191,8 @@ class SessionActor(StagedActor):
             path = "warm"
         else:
             yield ON_ACTOR_THREAD  # a cold start asks the pool: never from the loop (`_inline_ok`)
+            if self.handle is not None:  # died before its pool noticed: its workspace is saved first
+                self.deps.pool.check_exited(self.handle.sandbox_id).get(timeout=self.deps.ask_timeout)
             agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
             yield from self._drop_sandbox()
             try:
@@ -216,6 +218,19 @@ class SessionActor(StagedActor):
         if path == "cold":
             view["workspaceRestored"] = restored
         return view
+
+    def _replace_lost_sandbox(self) -> Stage[None]:
+        """An active session whose sandbox is gone (it died during the last turn, or since and its pool
+        has not said so yet) comes back on a new one, as a cold resume would bring it back. The new
+        sandbox is stored with a `resumed` event: the row names the sandbox whose workspace a restart
+        after a kill rescues (`runtime._rescue_workspaces`), so it must be the live one."""
+        yield from self._drop_sandbox()
+        restored = yield from self._start_sandbox(resume_history=True, restore=True)
+        assert self.handle is not None
+        self.row = yield from self._transition(
+            "active", "resumed", extra={"path": "cold", "reason": "sandbox_lost", "workspaceRestored": restored},
+            sandbox_id=self.handle.sandbox_id)
+        self.deps.count_resume("cold", self.session_id, self.row.agent_name)
 
     def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None,
                        inserted: Inserted | None = None) -> Stage[bool]:
@@ -491,9 +506,7 @@ class SessionActor(StagedActor):
             yield ON_ACTOR_THREAD  # what follows may ask the pool: never from the loop (`_inline_ok`)
             if self.handle is None or self.conn is None or not self._hold_sandbox():
                 # The sandbox died between turns: bring the session back on a new one, transparently.
-                yield from self._drop_sandbox()
-                yield from self._start_sandbox(resume_history=True, restore=True)
-                assert self.handle is not None
+                yield from self._replace_lost_sandbox()
                 self._hold_sandbox()
         assert self.handle is not None
         _, first_event = yield self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content,
@@ -567,9 +580,7 @@ class SessionActor(StagedActor):
         if self.handle is None or self.conn is None or not self._hold_sandbox():
             if self.turn is not None:  # the turn's own failure handling brings the sandbox back
                 raise SandboxError("the session's sandbox is not running; try again after the running turn")
-            yield from self._drop_sandbox()
-            yield from self._start_sandbox(resume_history=True, restore=True)
-            assert self.handle is not None
+            yield from self._replace_lost_sandbox()
             self._hold_sandbox()
         self._execs += 1
         return self.conn

@@ -145,3 +145,74 @@ async def test_sandbox_killed_mid_turn_gives_error_then_done_and_recovers(sapi: 
     status, frames = await send(sapi, sid, "after the crash")
     assert status == 200 and frames[-1].event == "done"
     assert "SLOW-CRASH" in str(fake_model.requests_containing("after the crash")[0]["body"]["messages"])
+
+
+async def test_a_sandbox_killed_between_requests_is_replaced_by_the_next(sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
+    """The sandbox dies and, at once, before its pool has noticed, the next request comes: a turn's
+    start or a resume, which the loop may handle itself while the session's actor is idle
+    (`actors/_inline.py`). Finding the sandbox gone, it goes on on the actor's thread (a cold start
+    asks the pool) and brings the session back on a new sandbox, with its history and with the files
+    the dead sandbox's workspace held (saved by the pool before it answers). The row names the new
+    sandbox (a restart after a kill rescues the workspace of the sandbox the row names), and a
+    `resumed` event says why."""
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    components = sapi.server.components
+    assert components is not None and components.local is not None
+    launcher = components.local.launcher
+
+    async def write_then_kill(name: str) -> str:
+        status, body = await sapi.call("POST", f"/api/sessions/{sid}/exec",
+                                       json={"command": f"echo kept > {name}"})
+        assert status == 200 and body["exitCode"] == 0, body
+        sandbox_id = await live_sandbox()
+        proc = launcher.process(sandbox_id)
+        assert proc is not None, sandbox_id
+        proc.kill()
+        proc.wait(10)  # dead before the request below is even sent
+        return sandbox_id
+
+    async def live_sandbox() -> str:
+        status, body = await sapi.call("GET", f"/api/sessions/{sid}")
+        assert status == 200
+        sandbox_id = str(body["session"]["sandboxId"])
+        assert launcher.process(sandbox_id) is not None, "the session names a sandbox that is not running"
+        return sandbox_id
+
+    async def resumes() -> list[dict[str, Any]]:
+        status, body = await sapi.call("GET", f"/api/sessions/{sid}/events?type=lifecycle")
+        assert status == 200
+        events = [json.loads(e["data"]) for e in body["events"]]
+        return [e for e in events if e["action"] == "resumed"]
+
+    async def file_text(name: str) -> str:
+        resp = await sapi.client.get(f"/api/sessions/{sid}/files/{name}", headers=sapi.headers())
+        assert resp.status == 200, await resp.text()
+        return await resp.text()
+
+    status, frames = await send(sapi, sid, "first")
+    assert status == 200 and frames[-1].event == "done"
+    first = await write_then_kill("one.txt")
+    status, frames = await send(sapi, sid, "after the kill")
+    assert status == 200 and frames[-1].event == "done", frames
+    assert "first" in str(fake_model.requests_containing("after the kill")[0]["body"]["messages"])
+    second = await live_sandbox()
+    assert second != first
+    assert (await resumes())[-1] == {"action": "resumed", "status": "active", "path": "cold",
+                                     "reason": "sandbox_lost", "workspaceRestored": True}
+    assert await file_text("one.txt") == "kept\n"
+
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/pause")
+    assert status == 200 and body["session"]["status"] == "paused", body
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")  # warm: the same sandbox
+    assert status == 200 and body["session"]["sandboxId"] == second, body
+    await write_then_kill("two.txt")
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/pause")
+    assert status == 200 and body["session"]["status"] == "paused", body
+    status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+    assert status == 200 and body["session"]["status"] == "active" and body["session"]["workspaceRestored"], body
+    assert (await resumes())[-1]["path"] == "cold"
+    assert await live_sandbox() not in (first, second)
+    assert await file_text("one.txt") == await file_text("two.txt") == "kept\n"
+    status, frames = await send(sapi, sid, "after the resume")
+    assert status == 200 and frames[-1].event == "done"
