@@ -199,11 +199,9 @@ class SessionRegistry:
     def _inline(self, session_id: str, name: str, *args: Any) -> Later[Any] | None:
         """The request handled here, on the loop, if the session's actor is idle and lets it
         (`_inline.py`): two crossings fewer, and its transaction runs on a warm thread."""
+        self._remember(session_id, None)  # as `_changed` does before the request, inline or not
         ref = self._actors.get(session_id)
-        if ref is None:
-            return None
-        self._remember(session_id, None)  # as `_changed` does before the request
-        return try_inline(ref, name, *args)
+        return None if ref is None else try_inline(ref, name, *args)
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
         proxy = await self._actor(tenant, session_id)
@@ -234,7 +232,7 @@ class SessionRegistry:
         """End the session. With `purge`, also delete its snapshots, messages and events: the
         record is gone afterwards (404), and what the tenant held for it is freed."""
         proxy = await self._actor(tenant, session_id)
-        self._remember(session_id, None)
+        # `_inline` forgets the cached view first, whether it handles the request here or not.
         view: dict[str, Any] = await call(self._inline(session_id, "delete", not purge) or proxy.delete(not purge),
                                           self.timeout * 2)
         ref = self._actors.pop(session_id, None)
@@ -262,7 +260,7 @@ class SessionRegistry:
     async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None,
                          attachments: Sequence[dict[str, Any]] = ()) -> TurnTicket:
         proxy = await self._actor(tenant, session_id)
-        self._remember(session_id, None)  # lastActiveAt moves with the user message
+        # lastActiveAt moves with the user message: `_inline` forgets the cached view first.
         return await call(self._inline(session_id, "begin_turn", content, model, attachments)
                           or proxy.begin_turn(content, model, attachments), self.timeout + self.deps.init_timeout)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime as dt
 import json
 import sqlite3
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,19 @@ class _RecordedLock:
 
     def __exit__(self, *_: Any) -> None:
         self.release()
+
+
+@contextlib.asynccontextmanager
+async def _with_another_connection(tmp_path: Path) -> AsyncIterator[tuple[Sessions, Session, sqlite3.Connection]]:
+    """A seeded SQLite database and a second connection to it, as an operator's `sqlite3` shell."""
+    path = tmp_path / "ashd.db"
+    db = await Database.open(f"sqlite+aiosqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        yield Sessions(db), await _seeded(db), other
+    finally:
+        other.close()
+        await db.close()
 
 
 async def _events(db: Database, session_id: str) -> list[str | None]:
@@ -111,21 +126,13 @@ async def test_an_inline_transition_goes_to_the_writer_thread_while_another_proc
         tmp_path: Path) -> None:
     """An operator's `sqlite3` shell (another connection) holds SQLite's write lock: the actor's thread
     is given back at once with a future the writer thread resolves once the lock is free."""
-    path = tmp_path / "ashd.db"
-    db = await Database.open(f"sqlite+aiosqlite:///{path}")
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        sessions = Sessions(db)
-        row = await _seeded(db)
+    async with _with_another_connection(tmp_path) as (sessions, row, other):
         other.execute("BEGIN IMMEDIATE")
         future = await asyncio.to_thread(sessions.transition_soon, row.id, "t", "paused", "paused")
         assert not future.done()  # type: ignore[union-attr]
         other.execute("COMMIT")
         paused = await asyncio.wrap_future(future)  # type: ignore[arg-type]
         assert paused.status == "paused" == (await sessions.get("t", row.id)).status
-    finally:
-        other.close()
-        await db.close()
 
 
 async def test_a_transition_on_the_loop_does_not_wait_for_the_database(tmp_path: Path) -> None:
@@ -133,16 +140,11 @@ async def test_a_transition_on_the_loop_does_not_wait_for_the_database(tmp_path:
     if the database is free at once: with another connection holding the write lock, and with the
     writer's own lock held by another thread, the loop is given back a future at once, with no busy
     wait (an actor's thread would wait up to INLINE_WAIT_MS), and the writer thread stores it."""
-    path = tmp_path / "ashd.db"
-    db = await Database.open(f"sqlite+aiosqlite:///{path}")
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        sessions = Sessions(db)
-        row = await _seeded(db)
+    async with _with_another_connection(tmp_path) as (sessions, row, other):
         other.execute("BEGIN IMMEDIATE")
         future = sessions.transition_soon(row.id, "t", "paused", "paused")  # on the loop's thread
         assert isinstance(future, concurrent.futures.Future) and not future.done()
-        writer = db._writer
+        writer = sessions.db._writer
         assert writer is not None
         other.execute("COMMIT")
         assert (await asyncio.wrap_future(future)).status == "paused"
@@ -167,11 +169,8 @@ async def test_a_transition_on_the_loop_does_not_wait_for_the_database(tmp_path:
         assert (await asyncio.wrap_future(future)).status == "active"
         await asyncio.to_thread(lambda: sessions.transition_soon(row.id, "t", "paused", "paused").result(10))  # type: ignore[union-attr]
         assert waits.timeouts[-1] == INLINE_WAIT_MS / 1000  # an actor's thread waits a little
-        actions = [json.loads(data or "{}")["action"] for data in await _events(db, row.id)]
+        actions = [json.loads(data or "{}")["action"] for data in await _events(sessions.db, row.id)]
         assert actions[-3:] == ["paused", "resumed", "paused"]
-    finally:
-        other.close()
-        await db.close()
 
 
 async def test_an_inline_transaction_that_fails_leaves_nothing_and_the_next_works(tmp_path: Path) -> None:

@@ -14,14 +14,21 @@ from ashd.storage._sessions import Sessions
 
 
 def _in_database_file(path: Path) -> int:
-    """Sessions in the database file alone: `immutable` reads it without its write-ahead log."""
-    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
-    try:
-        return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
-    except sqlite3.OperationalError:  # no such table: the schema itself is still only in the log
-        return 0
-    finally:
-        conn.close()
+    """Sessions in the database file alone: `immutable` reads it without its write-ahead log.
+
+    `immutable` also means without locks, so a read that meets a checkpoint copying pages into the
+    file can see half of them ("malformed"); it reads again once the copy is through."""
+    for _ in range(200):
+        conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+        try:
+            return int(conn.execute("SELECT count(*) FROM sessions").fetchone()[0])
+        except sqlite3.OperationalError:  # no such table: the schema itself is still only in the log
+            return 0
+        except sqlite3.DatabaseError:  # a torn read, not a torn file
+            time.sleep(0.01)
+        finally:
+            conn.close()
+    raise AssertionError(f"{path} stayed unreadable for 2 s")
 
 
 def _wait(cond: object, timeout: float = 10.0) -> bool:
