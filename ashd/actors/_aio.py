@@ -175,12 +175,14 @@ _piped: set[concurrent.futures.Future[None]] = set()  # work piped to actors, he
 
 
 def pipe_to_actor(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float,
-                  ref: pykka.ActorRef[Any], message: Callable[[Any, BaseException | None], Any]) -> None:
+                  ref: pykka.ActorRef[Any], message: Callable[[Any, BaseException | None], Any],
+                  here: Callable[[Any], bool] | None = None) -> None:
     """Run `coro` on the loop, at most `timeout` seconds, then tell `ref` `message(result, error)`.
 
     Called from the actor's thread, which goes on with its inbox meanwhile; the outcome comes back
     as an ordinary message. A loop that is closed or cancels the work (shutting down) is reported as
     Unavailable; an actor stopped meanwhile gets nothing (the outcome has no one left to serve).
+    `here(result)`, called on the loop with a result, may take it there instead: True when it did.
     """
     async def run() -> None:
         result: Any = None
@@ -193,6 +195,8 @@ def pipe_to_actor(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any
             raise
         except Exception as exc:  # noqa: BLE001 - the actor's handler decides what an error means
             error = exc
+        if error is None and here is not None and here(result):
+            return
         _tell(ref, message(result, error))
 
     runner = run()

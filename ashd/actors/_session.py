@@ -98,6 +98,12 @@ class SessionActor(StagedActor):
             return self.handle is not None and self.handle.alive is not None and self.conn is not None
         return False
 
+    def _then_here(self) -> bool:
+        """Whether a create, a fork or a cold resume goes on on the loop once its bridge is configured
+        (`OnLoop.then_here`): what is left then is the `active` transition and memory. Not on a runner,
+        for the reason `_inline_ok` gives."""
+        return self.deps.runner_id is None
+
     # --- reads ---------------------------------------------------------------------------------
     @staged
     def view(self) -> Stage[dict[str, Any]]:
@@ -147,7 +153,7 @@ class SessionActor(StagedActor):
                      agent: Any = None, inserted: Inserted | None = None) -> Stage[dict[str, Any]]:
         try:
             yield from self._start_sandbox(resume_history=resume_history, restore=restore, agent=agent,
-                                           inserted=inserted)
+                                           inserted=inserted, then_here=self._then_here())
         except ServiceError as exc:
             yield from self._stored(inserted)  # an insert that failed is the answer: nothing was stored
             yield from self._fail(exc.message)
@@ -196,7 +202,8 @@ class SessionActor(StagedActor):
             agent = yield self.deps.resolve_agent(self.tenant, row.agent_name)
             yield from self._drop_sandbox()
             try:
-                restored = yield from self._start_sandbox(resume_history=True, restore=True, agent=agent)
+                restored = yield from self._start_sandbox(resume_history=True, restore=True, agent=agent,
+                                                          then_here=self._then_here())
             except ServiceError:
                 raise
             except Exception as exc:
@@ -233,10 +240,11 @@ class SessionActor(StagedActor):
         self.deps.count_resume("cold", self.session_id, self.row.agent_name)
 
     def _start_sandbox(self, *, resume_history: bool, restore: bool, agent: Any = None,
-                       inserted: Inserted | None = None) -> Stage[bool]:
+                       inserted: Inserted | None = None, then_here: bool = False) -> Stage[bool]:
         """Claim a sandbox, prepare its workspace and configure its bridge; the session holds it
         (`handle`, `conn`) only once it is ready, and a failure releases it. True when the workspace
-        was restored from a snapshot."""
+        was restored from a snapshot. `then_here`: the caller's steps after this one may go on on the
+        loop (`OnLoop.then_here`; `_then_here` says when)."""
         row = yield from self._row()
         deps = self.deps
         config = _config(row)
@@ -315,7 +323,7 @@ class SessionActor(StagedActor):
                 "engine": deps.engine,
             }
             conn = yield OnLoop(self._connect_and_init(handle, init, binding, inserted),
-                                timeout=deps.ask_timeout + deps.init_timeout)
+                                timeout=deps.ask_timeout + deps.init_timeout, then_here=then_here)
         except Exception:
             yield from self._release(handle, None)
             raise

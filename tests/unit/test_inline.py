@@ -15,7 +15,7 @@ import pytest
 
 from ashd.actors._aio import Later, call
 from ashd.actors._inline import try_inline
-from ashd.actors._staged import ON_ACTOR_THREAD, Stage, StagedActor, staged
+from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
 from ashd.errors import BadRequest, Unavailable
 
 
@@ -65,6 +65,22 @@ class Recorder(StagedActor):
         sender.start()
         sender.join(5)
         self.log.append(("inline end", threading.get_ident()))
+
+    @staged
+    def then_here(self, ready: asyncio.Event, fail: bool = False) -> Stage[tuple[str, int]]:
+        """Loop work whose outcome the handler may take on the loop (`OnLoop.then_here`)."""
+        async def work() -> str:
+            await ready.wait()
+            if fail:
+                raise BadRequest("the loop's work failed")
+            return "worked"
+
+        try:
+            outcome = yield OnLoop(work(), timeout=5, then_here=True)
+        except BadRequest as exc:
+            outcome = exc.message
+        self.log.append(("then_here", threading.get_ident()))
+        return outcome, threading.get_ident()
 
     def blocked(self, gate: threading.Event) -> None:  # not staged: holds the actor's thread
         gate.wait(5)
@@ -175,3 +191,52 @@ async def test_a_stopped_actor_is_not_run_inline(recorder: Any) -> None:
     ref, _ = recorder
     ref.stop(block=True)
     assert try_inline(ref, "step", "after stop") is None
+
+
+async def test_a_handler_goes_on_on_the_loop_after_its_work_there_while_the_actor_is_idle(recorder: Any) -> None:
+    _, proxy = recorder
+    ready = asyncio.Event()
+    reply = proxy.then_here(ready)
+    await asyncio.sleep(0.05)  # the actor's thread has handed the work to the loop and is idle
+    ready.set()
+    assert await call(reply, 5) == ("worked", threading.get_ident())
+
+
+async def test_an_error_of_the_loop_work_goes_to_the_actor_thread(recorder: Any) -> None:
+    _, proxy = recorder
+    ready = asyncio.Event()
+    ready.set()
+    outcome, thread = await call(proxy.then_here(ready, fail=True), 5)
+    assert outcome == "the loop's work failed" and thread != threading.get_ident()
+
+
+async def test_a_busy_actor_takes_the_outcome_on_its_own_thread(recorder: Any) -> None:
+    _, proxy = recorder
+    ready, gate = asyncio.Event(), threading.Event()
+    reply = proxy.then_here(ready)
+    await asyncio.sleep(0.05)
+    busy = proxy.blocked(gate)  # the actor's thread holds a message when the work ends
+    await asyncio.sleep(0.05)
+    ready.set()
+    await asyncio.sleep(0.05)
+    actor = proxy.actor_ref.actor_inbox.owner()
+    assert "then_here" not in [label for label, _ in actor.log]  # not taken past the message holding the actor
+    gate.set()
+    await call(busy, 5)
+    outcome, thread = await call(reply, 5)
+    assert outcome == "worked" and thread != threading.get_ident()
+
+
+async def test_requests_that_waited_for_it_run_after_it_on_the_actor_thread(recorder: Any) -> None:
+    ref, proxy = recorder
+    ready = asyncio.Event()
+    first = proxy.then_here(ready)
+    await asyncio.sleep(0.05)
+    queued = proxy.step("queued behind it")  # stashed by the actor's thread: its inbox is idle again
+    await asyncio.sleep(0.05)
+    assert "queued behind it" not in [label for label, _ in ref.actor_inbox.owner().log]
+    ready.set()
+    assert await call(first, 5) == ("worked", threading.get_ident())
+    assert await call(queued, 5) != threading.get_ident()  # what it does may block: not on the loop
+    labels = [label for label, _ in ref.actor_inbox.owner().log]
+    assert labels[-2:] == ["then_here", "queued behind it"]
