@@ -20,9 +20,11 @@ conditions (`_staged.OnLoop.then_here`).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pykka
@@ -45,6 +47,19 @@ class TurnInbox(queue.Queue[Any]):
         super()._put(item)
 
 
+@contextlib.contextmanager
+def idle_turn(inbox: TurnInbox, stopped: threading.Event) -> Iterator[bool]:
+    """Hold the actor's turn if it is free: True inside when, besides, every message put in its
+    inbox has been handled and the actor has not stopped (the caller checks its own requests)."""
+    if not inbox.turn.acquire(blocking=False):
+        yield False
+        return
+    try:
+        yield inbox.puts == inbox.handled and not stopped.is_set()
+    finally:
+        inbox.turn.release()
+
+
 def try_inline(ref: pykka.ActorRef[Any], name: str, *args: Any, **kwargs: Any) -> Later[Any] | None:
     """Handle the staged request `name` on this thread if the actor is idle and declares it safe:
     its answer (a `Later`, usually resolved already). None: ask the actor as usual."""
@@ -52,13 +67,11 @@ def try_inline(ref: pykka.ActorRef[Any], name: str, *args: Any, **kwargs: Any) -
     if not isinstance(inbox, TurnInbox) or inbox.owner is None:
         return None
     actor = inbox.owner()
-    if actor is None or not inbox.turn.acquire(blocking=False):
+    if actor is None:
         return None
-    try:
+    with idle_turn(inbox, ref.actor_stopped) as idle:
         # `handled` > 0: the actor's thread has started (its `on_start` ran before its first message).
-        if inbox.handled == 0 or inbox.puts != inbox.handled or ref.actor_stopped.is_set():
+        if not idle or inbox.handled == 0:
             return None
         reply: Later[Any] | None = actor.run_inline(name, *args, **kwargs)
         return reply
-    finally:
-        inbox.turn.release()

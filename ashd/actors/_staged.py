@@ -32,7 +32,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pykka
 
 from ashd.actors._aio import AioActor, Later, pipe_to_actor
-from ashd.actors._inline import TurnInbox
+from ashd.actors._inline import TurnInbox, idle_turn
 from ashd.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -209,11 +209,8 @@ class StagedActor(AioActor):
         actor is idle, holding its turn as `_inline.try_inline` does. False: tell the actor instead."""
         inbox = self.actor_inbox
         assert isinstance(inbox, TurnInbox)
-        if not inbox.turn.acquire(blocking=False):
-            return False
-        try:
-            if (inbox.puts != inbox.handled or self.actor_stopped.is_set() or self._running is None
-                    or stage != self._stage):
+        with idle_turn(inbox, self.actor_stopped) as idle:
+            if not idle or self._running is None or stage != self._stage:
                 return False
             self._inline = True
             try:
@@ -224,8 +221,6 @@ class StagedActor(AioActor):
                 with contextlib.suppress(pykka.ActorDeadError):
                     self.actor_ref.tell(_TAKE_NEXT)
             return True
-        finally:
-            inbox.turn.release()
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, _StageDone):
