@@ -440,6 +440,8 @@ async def test_a_session_whose_runner_is_gone_resumes_cold_on_another(
 
 async def test_a_draining_runner_sends_new_sessions_elsewhere_and_finishes_its_turn(
         cluster: Cluster, coordinator: Api, agent_dir: Path) -> None:
+    from tests.integration.test_session_stream import _wait_for
+
     big = cluster.start_runner("r-big", url_of(coordinator), max_sandboxes=4)
     await wait_registered(coordinator, "r-big")
     await deploy(coordinator, agent_dir)
@@ -449,7 +451,9 @@ async def test_a_draining_runner_sends_new_sessions_elsewhere_and_finishes_its_t
     token = "long-turn-" + secrets.token_hex(4)
     cluster.fake.script(token, [{"content": [{"type": "text", "text": "z" * 120}], "chunk": 1, "delay": 0.04}])
     running = asyncio.ensure_future(turn(coordinator, sid, token))
-    await asyncio.sleep(1.0)  # the turn is under way on r-big
+    # The turn is under way on r-big (its model call made) before r-big is told to drain: on a busy
+    # machine a fixed wait let the drain pause the session before the message reached it.
+    await _wait_for(lambda: _has_request(cluster.fake, token), timeout=60)
     big.proc.send_signal(signal.SIGTERM)
     await asyncio.sleep(0.5)
     # r-big still has the most room on paper, but it refuses while it drains: the create goes on.
