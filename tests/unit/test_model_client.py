@@ -223,3 +223,96 @@ def test_a_request_with_encoded_tools_is_the_json_of_the_same_request() -> None:
     plain = {**params, "tools": list(tools)}
     assert json.loads(encode_request(params)) == plain
     assert encode_request(params) == encode_request(plain)  # byte for byte: the same text on the wire
+
+
+WHOLE = (event(START) + event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "ok"}})
+         + event({"type": "content_block_stop", "index": 0})
+         + event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}) + event({"type": "message_stop"}))
+
+
+async def _raw_proxy(path: str, answer: Callable[[int], bool]) -> tuple[asyncio.Server, list[int]]:
+    """A model proxy on `path` that reads each request and answers it when `answer(its number)`,
+    else closes the connection without a byte (a proxy that closed the connection as it came)."""
+    requests: list[int] = []
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            writer.close()
+            return  # an opened-ahead connection the client closed unused
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        requests.append(len(requests) + 1)
+        if answer(len(requests)):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_unix_server(on_connection, path), requests
+
+
+async def test_a_call_goes_on_a_connection_opened_ahead_and_a_proxy_restarted_meanwhile_is_reached_anew(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "model.sock")
+    seen: list[int] = []
+    answer = streaming(WHOLE)
+
+    async def handler(req: web.Request) -> web.StreamResponse:
+        seen.append(1)
+        return await answer(req)
+
+    async def proxy() -> web.AppRunner:
+        app = web.Application()
+        app.router.add_post("/v1/messages", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.UnixSite(runner, path).start()
+        return runner
+
+    runner = await proxy()
+    client = make_client(path)
+    try:
+        client.preconnect()
+        await asyncio.sleep(0.05)
+        spare = client._unix._spare  # type: ignore[union-attr]
+        assert spare is not None and spare.done() and not spare.result()[0].at_eof()  # open, no request yet
+        first = await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+        await asyncio.sleep(0.05)
+        # The proxy stops and starts again on the same socket: the connection opened ahead after
+        # the first call is closed with it, and the next call goes on a new one.
+        await runner.cleanup()
+        runner = await proxy()
+        await asyncio.sleep(0.05)
+        second = await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert first.message["content"] == second.message["content"] == [{"type": "text", "text": "ok"}]
+    assert len(seen) == 2
+
+
+async def test_an_opened_ahead_connection_closed_unanswered_sends_the_call_again_on_a_new_one(
+        tmp_path: Path) -> None:
+    server, requests = await _raw_proxy(str(tmp_path / "model.sock"), lambda n: n > 1)
+    client = make_client(str(tmp_path / "model.sock"))
+    try:
+        client.preconnect()
+        result = await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+    finally:
+        await client.close()
+        server.close()
+    assert result.message["content"] == [{"type": "text", "text": "ok"}]
+    assert requests == [1, 2]
+
+
+async def test_a_new_connection_closed_unanswered_is_not_sent_again(tmp_path: Path) -> None:
+    """Only a connection opened ahead may have been closed before the call reached the proxy; on a
+    new one, the proxy had the call, and what it did with it is not known."""
+    server, requests = await _raw_proxy(str(tmp_path / "model.sock"), lambda n: n > 1)
+    try:
+        failed = await failure(str(tmp_path / "model.sock"))
+    finally:
+        server.close()
+    assert str(failed).startswith("could not reach the model API") and requests == [1]

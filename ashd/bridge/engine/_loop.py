@@ -45,6 +45,10 @@ Emit = Callable[[dict[str, Any]], Awaitable[None]]
 # Asks the server which sandbox limits were hit: [{limit, message}] (docs/protocol.md, v2).
 CheckLimits = Callable[[], Awaitable[list[dict[str, Any]]]]
 
+# After an engine's start, its first model call's connection to the model proxy is opened this
+# much later (`start`): the server then answers the create, not the connection.
+PRECONNECT_AFTER_START_S = 0.003
+
 
 class EngineError(Exception):
     """A query failed; the message is meant for a person."""
@@ -85,6 +89,7 @@ class Engine:
         self.permissions = self._permissions()
         self.mcp = McpManager(config.workspace, config.tool_env(), log_fn)
         self._client: ModelClient | None = client  # None: made at the first model call
+        self._preconnect: asyncio.TimerHandle | None = None
         self._query: _Query | None = None
         # The main conversation's last measured size (compaction); subagents measure their own.
         self._measure = Measure()
@@ -95,6 +100,10 @@ class Engine:
 
     async def start(self) -> None:
         await self.mcp.start()
+        if self.config.model_socket:
+            # The first turn's model call finds its connection open; opened once the server has
+            # had the init's answer, so that its accept is not on the server's path to the create's.
+            self._preconnect = asyncio.get_running_loop().call_later(PRECONNECT_AFTER_START_S, self.client.preconnect)
 
     def reconfigure(self, changes: dict[str, Any]) -> None:
         """The session's live config changed (PATCH .../config): it applies from this query on."""
@@ -104,6 +113,8 @@ class Engine:
             self.permissions = self._permissions()
 
     async def close(self) -> None:
+        if self._preconnect is not None:
+            self._preconnect.cancel()
         await self.mcp.stop()
         if self._client is not None:
             await self._client.close()

@@ -117,24 +117,63 @@ class _Reply(Protocol):
 
 
 class _UnixHttp:
-    """One HTTP/1.1 request per connection to a server on a unix socket (the model proxy)."""
+    """One HTTP/1.1 request per connection to a server on a unix socket (the model proxy).
+
+    The next call's connection is opened ahead (`preconnect`: at the engine's start, and after each
+    call), while nothing waits for it: a connect here is 0.35 ms of asyncio's machinery in the
+    bridge and an accept in the server's loop, on the path of every model call otherwise
+    (docs/performance.md, twelfth pass). The proxy closes no idle connection while its sandbox
+    lives; one it closed all the same (its server stopping) is seen closed before it is used, or,
+    closed in the moment of its use, answers nothing, and the call is sent again on a new one."""
 
     def __init__(self, socket_path: str) -> None:
         self._socket = socket_path
+        self._spare: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None = None
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> _UnixReply:
-        loop = asyncio.get_running_loop()
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                reader, writer = await asyncio.open_unix_connection(self._socket)
+                return await asyncio.open_unix_connection(self._socket)
         except TimeoutError as exc:
             raise ApiTimeoutError("Request timed out: no connection to the model proxy") from exc
         except OSError as exc:
             raise ApiConnectionError(f"Connection error: {exc}") from exc
+
+    def preconnect(self) -> None:
+        """Open the next call's connection now, unless one is open or opening."""
+        if self._spare is None:
+            self._spare = asyncio.get_running_loop().create_task(self._connect())
+            self._spare.add_done_callback(_retrieve)
+
+    async def _take_spare(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        try:
+            reader, writer = await spare  # done by now, as a rule; else the connect under way
+        except ApiConnectionError:
+            return None  # said again, if it still holds, by the new connection's own error
+        if reader.at_eof() or writer.is_closing():
+            writer.close()
+            return None
+        return reader, writer
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> _UnixReply:
         head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         request = (f"POST {path} HTTP/1.1\r\nhost: model-proxy\r\nconnection: close\r\n{head}"
                    f"content-length: {len(body)}\r\n\r\n").encode("latin-1") + body
-        reply = _UnixReply(reader, writer, loop)
+        spare = await self._take_spare()
+        if spare is not None:
+            try:
+                return await self._send(spare, request)
+            except ApiConnectionError as exc:
+                if not _unanswered(exc):
+                    raise
+        return await self._send(await self._connect(), request)
+
+    async def _send(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes) -> _UnixReply:
+        reader, writer = conn
+        reply = _UnixReply(reader, writer, asyncio.get_running_loop())
         try:
             writer.write(request)
             await reply.start()
@@ -142,6 +181,34 @@ class _UnixHttp:
             reply.close()
             raise
         return reply
+
+    def close(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        if spare.done():
+            if not spare.cancelled() and spare.exception() is None:
+                spare.result()[1].close()
+        else:
+            spare.cancel()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """A spare connection that failed to open is not an error of its own (the call that takes it
+    connects anew and reports what it finds); asyncio is told its exception was seen."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _unanswered(exc: ApiConnectionError) -> bool:
+    """Whether a call on an opened-ahead connection failed before one byte of a reply: the proxy had
+    closed it (the call never reached it), so it may be sent again on a new connection."""
+    if isinstance(exc, ApiTimeoutError):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, asyncio.IncompleteReadError):
+        return not cause.partial
+    return isinstance(cause, ConnectionResetError | BrokenPipeError)
 
 
 class _UnixReply:
@@ -255,6 +322,7 @@ class ModelClient:
                 await _read_reply(reply, on_event)
             finally:
                 reply.close()
+                self._unix.preconnect()
             return
         assert self._http is not None
         try:
@@ -265,7 +333,14 @@ class ModelClient:
         except httpx2.TransportError as exc:
             raise ApiConnectionError(f"Connection error: {exc}" if str(exc) else "Connection error.") from exc
 
+    def preconnect(self) -> None:
+        """Open the next model call's connection ahead (the model proxy's socket only)."""
+        if self._unix is not None:
+            self._unix.preconnect()
+
     async def close(self) -> None:
+        if self._unix is not None:
+            self._unix.close()
         if self._http is not None:
             await self._http.aclose()
 
