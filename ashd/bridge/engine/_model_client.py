@@ -122,9 +122,10 @@ class _UnixHttp:
     The next call's connection is opened ahead (`preconnect`: at the engine's start, and after each
     call), while nothing waits for it: a connect here is 0.35 ms of asyncio's machinery in the
     bridge and an accept in the server's loop, on the path of every model call otherwise
-    (docs/performance.md, twelfth pass). The proxy closes no idle connection while its sandbox
-    lives; one it closed all the same (its server stopping) is seen closed before it is used, or,
-    closed in the moment of its use, answers nothing, and the call is sent again on a new one."""
+    (docs/performance.md, twelfth pass). The proxy closes a connection that carried no request when
+    it stops, or after its keep-alive time (aiohttp's: an hour): such a connection is seen closed
+    before it is used, or, closed in the moment of its use, answers nothing, and the call is sent
+    again on a new one."""
 
     def __init__(self, socket_path: str) -> None:
         self._socket = socket_path
