@@ -316,3 +316,41 @@ async def test_a_new_connection_closed_unanswered_is_not_sent_again(tmp_path: Pa
     finally:
         server.close()
     assert str(failed).startswith("could not reach the model API") and requests == [1]
+
+
+async def test_a_call_that_ends_after_its_client_closed_opens_no_connection_ahead(tmp_path: Path) -> None:
+    """A bridge closes its engine mid-turn when it is initialised anew or shuts down: the call under
+    way ends, and opens nothing that no call would ever take."""
+    connections: list[int] = []
+    release = asyncio.Event()
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            writer.close()
+            return
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+        await writer.drain()
+        writer.close()
+
+    path = str(tmp_path / "model.sock")
+    server = await asyncio.start_unix_server(on_connection, path)
+    client = make_client(path)
+    try:
+        call = asyncio.ensure_future(call_model(client, PARAMS, betas=[], on_event=None, max_retries=0))
+        while not connections:
+            await asyncio.sleep(0.01)
+        await client.close()
+        release.set()
+        result = await call
+        await asyncio.sleep(0.05)
+    finally:
+        server.close()
+    assert result.message["content"] == [{"type": "text", "text": "ok"}]
+    assert connections == [1]  # without the closed flag, the call's end opened a second

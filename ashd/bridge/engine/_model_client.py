@@ -130,6 +130,7 @@ class _UnixHttp:
     def __init__(self, socket_path: str) -> None:
         self._socket = socket_path
         self._spare: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None = None
+        self._closed = False  # a call that ends after `close` opens nothing ahead for a next one
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
@@ -141,8 +142,9 @@ class _UnixHttp:
             raise ApiConnectionError(f"Connection error: {exc}") from exc
 
     def preconnect(self) -> None:
-        """Open the next call's connection now, unless one is open or opening."""
-        if self._spare is None:
+        """Open the next call's connection now, unless one is open or opening, or the client is
+        closed."""
+        if self._spare is None and not self._closed:
             self._spare = asyncio.get_running_loop().create_task(self._connect())
             self._spare.add_done_callback(_retrieve)
 
@@ -184,6 +186,7 @@ class _UnixHttp:
         return reply
 
     def close(self) -> None:
+        self._closed = True
         spare, self._spare = self._spare, None
         if spare is None:
             return
