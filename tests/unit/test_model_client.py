@@ -230,12 +230,16 @@ WHOLE = (event(START) + event({"type": "content_block_start", "index": 0, "conte
          + event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}) + event({"type": "message_stop"}))
 
 
-async def _raw_proxy(path: str, answer: Callable[[int], bool]) -> tuple[asyncio.Server, list[int]]:
+async def _raw_proxy(path: str, answer: Callable[[int], bool], hold: asyncio.Event | None = None,
+                     connections: list[int] | None = None) -> tuple[asyncio.Server, list[int]]:
     """A model proxy on `path` that reads each request and answers it when `answer(its number)`,
-    else closes the connection without a byte (a proxy that closed the connection as it came)."""
+    else closes the connection without a byte (a proxy that closed the connection as it came).
+    `hold`: each answer waits for it to be set; `connections`: one entry per connection accepted."""
     requests: list[int] = []
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if connections is not None:
+            connections.append(1)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
@@ -244,6 +248,8 @@ async def _raw_proxy(path: str, answer: Callable[[int], bool]) -> tuple[asyncio.
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         await reader.readexactly(length)
         requests.append(len(requests) + 1)
+        if hold is not None:
+            await hold.wait()
         if answer(len(requests)):
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                          b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
@@ -323,25 +329,8 @@ async def test_a_call_that_ends_after_its_client_closed_opens_no_connection_ahea
     way ends, and opens nothing that no call would ever take."""
     connections: list[int] = []
     release = asyncio.Event()
-
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            writer.close()
-            return
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        await reader.readexactly(length)
-        await release.wait()
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
-        await writer.drain()
-        writer.close()
-
-    path = str(tmp_path / "model.sock")
-    server = await asyncio.start_unix_server(on_connection, path)
-    client = make_client(path)
+    server, _ = await _raw_proxy(str(tmp_path / "model.sock"), lambda n: True, release, connections)
+    client = make_client(str(tmp_path / "model.sock"))
     try:
         call = asyncio.ensure_future(call_model(client, PARAMS, betas=[], on_event=None, max_retries=0))
         while not connections:
