@@ -2,7 +2,7 @@
 """The floor under the speed table's short rows on this machine: the same HTTP exchange and the same
 kind of work as a GET, a pause or a warm resume, with nothing of ashd around them.
 
-    .venv/bin/python scripts/bench_floor.py [--n 400] [--ashd]
+    .venv/bin/python scripts/bench_floor.py [--n 400] [--ashd] [--idle]
 
 It starts a minimal aiohttp server as a separate process (no middleware, no auth, no ORM) and
 measures, from this process with the same aiohttp client as `bench_sessions.py`, interleaved:
@@ -18,6 +18,10 @@ and, in the server, the transaction alone in a tight loop and a loop-to-actor ro
 With `--ashd` it also starts ashd (and the fake model) and measures a GET, a pause and a warm
 resume of one of its sessions in the same rounds: what ashd adds over the floor is the difference
 between the rows (docs/performance.md, tenth pass).
+
+With `--idle` it then measures the floor's GET (and, with `--ashd`, ashd's GET) after the client
+has waited 0, 2, 20 and 200 ms before each request: what an idle moment costs the next request on
+this machine, whatever the server does (docs/performance.md, fourteenth pass).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ ROWS = {
     "/actor": "floor: POST, a transaction on an actor",
 }
 ASHD_ROWS = ("ashd: GET a session", "ashd: pause", "ashd: warm resume")
+IDLE_GAPS_MS = (0, 2, 20, 200)
 # The columns a session row has, roughly: the view answered and the row returned are this wide.
 COLUMNS = ("tenant_id", "agent_name", "status", "model", "config", "sandbox_id", "runner_id", "owner_id",
            "error", "parent_session_id", "created_at", "updated_at", "last_active_at")
@@ -159,6 +164,25 @@ async def timed_ms(http: aiohttp.ClientSession, method: str, url: str, headers: 
     return (time.perf_counter() - t0) * 1000
 
 
+async def idle_costs(http: aiohttp.ClientSession, url: str, ashd: tuple[Client, str] | None, n: int) -> None:
+    """Each GET after the client waited `gap` ms (the server was idle that long, or, for ashd's,
+    that long plus the floor's GET before it)."""
+    for gap in IDLE_GAPS_MS:
+        rounds = min(n, max(20, 20_000 // max(gap, 1)))  # about 20 s of waiting at most per gap
+        floor: list[float] = []
+        mine: list[float] = []
+        for _ in range(rounds):
+            await asyncio.sleep(gap / 1000)
+            floor.append(await timed_ms(http, "GET", url + "/view", {}))
+            if ashd is not None:
+                c, sid = ashd
+                await asyncio.sleep(gap / 1000)
+                mine.append(await timed_ms(http, "GET", f"{c.url}/api/sessions/{sid}", c.headers))
+        line(f"after {gap} ms idle: floor GET", floor[rounds // 10:])
+        if mine:
+            line(f"after {gap} ms idle: ashd GET", mine[rounds // 10:])
+
+
 async def ashd_session(http: aiohttp.ClientSession, stack: contextlib.AsyncExitStack) -> tuple[Client, str]:
     model_url = await stack.enter_async_context(fake_model())
     url, key, _proc = await stack.enter_async_context(ashd_server(model_url, prewarm=1))
@@ -168,7 +192,7 @@ async def ashd_session(http: aiohttp.ClientSession, stack: contextlib.AsyncExitS
     return c, (await c.call("POST", "/api/sessions", {"agent": "bench"}))["session"]["id"]
 
 
-async def measure(n: int, with_ashd: bool) -> None:
+async def measure(n: int, with_ashd: bool, idle: bool = False) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ashd-floor-") as folder:
         proc = subprocess.Popen([PY, __file__, "--serve", str(port), folder])
@@ -189,11 +213,13 @@ async def measure(n: int, with_ashd: bool) -> None:
                             times[label].append(await timed_ms(http, method, where, c.headers))
                 async with http.get(url + "/inside") as resp:
                     inside = await resp.json()
-            for label, values in times.items():
-                if values:
-                    line(label, values[n // 10:])  # the first tenth warms the connections and the caches
-            print(f"{'in the server: the transaction alone':<42} p50 {inside['tx']:8.3f} ms")
-            print(f"{'in the server: a loop-actor round trip':<42} p50 {inside['trip']:8.3f} ms")
+                for label, values in times.items():
+                    if values:
+                        line(label, values[n // 10:])  # the first tenth warms the connections and the caches
+                print(f"{'in the server: the transaction alone':<42} p50 {inside['tx']:8.3f} ms")
+                print(f"{'in the server: a loop-actor round trip':<42} p50 {inside['trip']:8.3f} ms")
+                if idle:
+                    await idle_costs(http, url, ashd, n)
         finally:
             proc.terminate()
             proc.wait(10)
@@ -203,12 +229,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--ashd", action="store_true", help="also measure ashd's GET, pause and resume")
+    parser.add_argument("--idle", action="store_true", help="also measure a GET after 0, 2, 20 and 200 ms idle")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(int(args.serve[0]), Path(args.serve[1]))
     else:
-        asyncio.run(measure(args.n, args.ashd))
+        asyncio.run(measure(args.n, args.ashd, args.idle))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Any
 from ashd import __version__
 from ashd.bridge import protocol as p
 from ashd.bridge._exec import run_exec
-from ashd.bridge._setup import SetupFailed, run_setup
+from ashd.bridge._setup import SetupFailed, mark_setup_done, run_setup
 from ashd.bridge.engine import AnyEngine, EngineConfig, EngineError, QueryOptions, make_engine
 
 log = logging.getLogger(__name__)
@@ -225,10 +225,11 @@ class Connection:
         server = self.server
         try:
             cfg = EngineConfig.from_init(config, server.workspace, server.model_socket)
+            mark_after = False
             if config.get("runSetup"):
                 lines = config.get("setupLogLines")
-                await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"), server.setup_line,
-                                lines if isinstance(lines, int) else None)
+                mark_after = await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"),
+                                             server.setup_line, lines if isinstance(lines, int) else None)
             engine = make_engine(cfg, server.log_event)
             await engine.start()
         except SetupFailed as exc:
@@ -250,6 +251,11 @@ class Connection:
                 mcpServers=engine.mcp.status(),
             )
         )
+        if mark_after:  # no setup step: the home is marked off the create's path (`run_setup`)
+            try:
+                mark_setup_done()
+            except OSError:
+                log.exception("could not mark the sandbox home's setup as done")
 
     async def _query(self, fid: str, frame: p.Frame) -> None:
         engine = self.server.engine

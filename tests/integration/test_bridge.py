@@ -203,6 +203,18 @@ async def test_setup_runs_once_and_logs_outside_the_workspace(bridge: BridgeHarn
     assert not (bridge.workspace / "made-by-setup.txt").exists()
 
 
+async def test_a_home_with_no_setup_step_is_marked_and_a_later_init_runs_none(bridge: BridgeHarness) -> None:
+    # Nothing to run at the first init: the home is still marked as set up (after init_ok), so a
+    # setup.sh written since (by the agent, say) is not run by a later init on this home.
+    conn = await bridge.connect()
+    await conn.init({"runSetup": True})
+    await conn.ping()
+    assert (bridge.home / ".ashd-logs" / "setup.done").read_text() == "ok\n"
+    (bridge.workspace / "setup.sh").write_text("echo ran > made-by-setup.txt\n")
+    await conn.init({"runSetup": True})
+    assert not (bridge.workspace / "made-by-setup.txt").exists()
+
+
 async def test_failing_setup_answers_error(bridge: BridgeHarness) -> None:
     (bridge.workspace / "setup.sh").write_text("echo first-line; echo broken >&2; exit 3\n")
     conn = await bridge.connect()
