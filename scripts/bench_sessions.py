@@ -2,10 +2,11 @@
 """Session benchmarks against a real ashd process and the bundled fake model.
 
 Prints p50/p99 of each row of the speed table (issue 13): create (pre-warmed sandbox), DELETE, GET,
-pause, warm resume, POST a message -> first `message` frame (instant model), 4 creates at once with
-no warm sandbox; then cold resume, create without a warm sandbox, the server CPU time per streamed
-frame, frames per second through one server with N concurrent sessions, and the memory held by a
-stalled stream. Everything runs on loopback, the server as a separate process, and stops by itself.
+pause, warm resume, POST a message -> first `message` frame (instant model), and the server's CPU
+time (every thread) during each; then 4 creates at once with no warm sandbox, cold resume, create
+without a warm sandbox, the server CPU time per streamed frame, frames per second through one
+server with N concurrent sessions, and the memory held by a stalled stream. Everything runs on
+loopback, the server as a separate process, and stops by itself.
 
     .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8]
     .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--n 30]
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,18 +172,45 @@ TABLE = ("create session (pre-warmed sandbox)", "DELETE a session", "GET a sessi
          "message -> first message frame")
 
 
-async def table_round(c: Client, agent: str, out: dict[str, list[float]], gets: int) -> None:
-    """One pass over the table's per-session rows on one server."""
+class ServerCpu:
+    """CPU time the server process spent (every thread) during each operation of a round, read from
+    its process CPU clock (`clock_getcpuclockid`'s: the kernel brings a running thread's time up to
+    date on each read, where `/proc` and psutil count what it had at its last switch or tick)."""
+
+    def __init__(self, pid: int) -> None:
+        self.clock = ((~pid) << 3) | 2  # the kernel's CPUCLOCK_SCHED clock of process `pid`
+        self.per_row: dict[str, list[float]] = {row: [] for row in TABLE}
+
+    def seconds(self) -> float:
+        return time.clock_gettime(self.clock)
+
+    @contextlib.contextmanager
+    def during(self, row: str) -> Iterator[None]:
+        start = self.seconds()
+        yield
+        self.per_row[row].append((self.seconds() - start) * 1000)
+
+
+async def table_round(c: Client, agent: str, out: dict[str, list[float]], gets: int,
+                      cpu: ServerCpu | None = None) -> None:
+    """One pass over the table's per-session rows on one server; with `cpu`, the server's CPU time
+    during each operation too (a message's: the whole turn, to its `done`)."""
+    def during(row: str) -> contextlib.AbstractContextManager[None]:
+        return cpu.during(row) if cpu is not None else contextlib.nullcontext()
+
     await warm_if_known(c)
-    ms, body = await timed(lambda: c.call("POST", "/api/sessions", {"agent": agent}))
+    with during(TABLE[0]):
+        ms, body = await timed(lambda: c.call("POST", "/api/sessions", {"agent": agent}))
     out[TABLE[0]].append(ms)
     sid = body["session"]["id"]
     for _ in range(gets):
-        out[TABLE[2]].append((await timed(lambda: c.call("GET", f"/api/sessions/{sid}")))[0])
-    out[TABLE[5]].append(await first_message_frame(c, sid, "bench-instant"))
-    out[TABLE[3]].append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/pause")))[0])
-    out[TABLE[4]].append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
-    out[TABLE[1]].append((await timed(lambda: c.call("DELETE", f"/api/sessions/{sid}")))[0])
+        with during(TABLE[2]):
+            out[TABLE[2]].append((await timed(lambda: c.call("GET", f"/api/sessions/{sid}")))[0])
+    with during(TABLE[5]):
+        out[TABLE[5]].append(await first_message_frame(c, sid, "bench-instant"))
+    for row, method, path in ((TABLE[3], "POST", "/pause"), (TABLE[4], "POST", "/resume"), (TABLE[1], "DELETE", "")):
+        with during(row):
+            out[row].append((await timed(functools.partial(c.call, method, f"/api/sessions/{sid}{path}")))[0])
 
 
 async def concurrent_creates(c: Client, agent: str, rounds: int, at_once: int = 4) -> list[float]:
@@ -251,14 +280,18 @@ async def main() -> None:
         await http.post(model_url + "/_fake/scripts", json={
             "match": "bench-long", "turns": [{"content": [{"type": "text", "text": "x" * (8 * args.frames)}],
                                               "chunk": 8}]})
-        async with ashd_server(model_url, prewarm=2) as (url, key, _proc):
+        async with ashd_server(model_url, prewarm=2) as (url, key, proc):
             c = Client(http, url, key)
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
             table: dict[str, list[float]] = {row: [] for row in TABLE}
+            server_cpu = ServerCpu(proc.pid)
             for _ in range(args.n):
-                await table_round(c, "bench", table, gets=10)
+                await table_round(c, "bench", table, gets=10, cpu=server_cpu)
             for row in TABLE:
                 line(row, table[row])
+            print("server CPU during each (every thread), p50: " + " · ".join(
+                f"{row.split(' (')[0].split(' ->')[0]} {statistics.median(server_cpu.per_row[row]):.2f} ms"
+                for row in TABLE) + " (a message: its whole turn)")
             ids = await lifecycle(c, max(3, args.n // 3), prewarmed=True)
             sid = ids[-1]
             cold = []

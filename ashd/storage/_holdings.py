@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import BindParameter, bindparam, func, select
+from sqlalchemy.orm import Session as SyncSession
 
 from ashd.errors import QuotaExceeded
 from ashd.storage._models import Agent, ApiKey, Attachment, Credential, Session
@@ -62,6 +63,29 @@ class StorageLimits(Protocol):
     def snapshot_max_mb(self) -> int: ...
     @property
     def attachment_max_mb(self) -> int: ...
+
+
+_TENANT: BindParameter[str] = bindparam("tenant")
+
+
+def _of(table: Any, *columns: Any) -> list[Any]:
+    return [select(c).select_from(table).where(table.c.tenant_id == _TENANT).scalar_subquery() for c in columns]
+
+
+def _total(column: Any) -> Any:
+    return func.coalesce(func.sum(column), 0)
+
+
+_AGENTS, _SESSIONS = Agent.__table__, Session.__table__
+_ATTACHMENTS = Attachment.__table__
+# One statement (one trip to the database) of scalar subqueries, built once: building it took more
+# of a create's time than running it (docs/performance.md, fourteenth pass).
+_SUMS = select(*_of(_AGENTS, func.count(), _total(_AGENTS.c.stored_bytes)),
+               *_of(_SESSIONS, func.count(), _total(_SESSIONS.c.message_count), _total(_SESSIONS.c.event_count),
+                    _total(_SESSIONS.c.stored_bytes)),
+               *_of(Credential.__table__, func.count()), *_of(ApiKey.__table__, func.count()),
+               *_of(_ATTACHMENTS, func.count(), _total(_ATTACHMENTS.c.size)))
+_SESSION_IDS = select(_SESSIONS.c.id).where(_SESSIONS.c.tenant_id == _TENANT)
 
 
 @dataclass(frozen=True)
@@ -106,24 +130,16 @@ class TenantStorage:
                        "API keys": s.tenant_max_api_keys}[kind])
 
     async def holdings(self, tenant: str) -> Holdings:
-        def of(model: Any, *columns: Any) -> list[Any]:
-            return [select(c).select_from(model).where(model.tenant_id == tenant).scalar_subquery() for c in columns]
+        with_snapshots = self._board is not None and self._board.sessions() > 0
 
-        def total(column: Any) -> Any:
-            return func.coalesce(func.sum(column), 0)
-
-        # One statement (one trip to the database) of scalar subqueries: a create checks this sum.
-        query = select(*of(Agent, func.count(), total(Agent.stored_bytes)),
-                       *of(Session, func.count(), total(Session.message_count), total(Session.event_count),
-                           total(Session.stored_bytes)),
-                       *of(Credential, func.count()), *of(ApiKey, func.count()),
-                       *of(Attachment, func.count(), total(Attachment.size)))
-        async with self._db.read() as s:
-            (agents, agent_bytes, sessions, messages, events, history_bytes, credentials, api_keys, attachments,
-             attachment_bytes) = (await s.execute(query)).one()
+        def read(s: SyncSession) -> tuple[Any, list[str]]:
+            sums = s.execute(_SUMS, {"tenant": tenant}).one()
             # Snapshot sizes are per session on the board: their ids, only when there are any.
-            ids = list((await s.execute(select(Session.id).where(Session.tenant_id == tenant))).scalars()
-                       ) if self._board is not None and self._board.sessions() else []
+            ids = list(s.execute(_SESSION_IDS, {"tenant": tenant}).scalars()) if with_snapshots else []
+            return sums, ids
+
+        ((agents, agent_bytes, sessions, messages, events, history_bytes, credentials, api_keys, attachments,
+          attachment_bytes), ids) = await self._db.run_read(read)
         snapshots, snapshot_bytes = self._board.totals(ids) if self._board is not None else (0, 0)
         held = Holdings(
             agents=int(agents), agent_bytes=int(agent_bytes), sessions=int(sessions),

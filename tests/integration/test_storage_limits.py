@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session as SyncSession
 
 from ashd.config import Settings
 from ashd.devtools.fake_model import FakeModel
-from ashd.storage import Message, Session, SessionEvent
+from ashd.storage import Agent, ApiKey, Attachment, Credential, Database, Message, Session, SessionEvent
 from ashd.storage._agent_archive import AGENT_ID_FILE
+from ashd.storage._holdings import Holdings, TenantStorage
+from ashd.storage._snapshots import SnapshotBoard, make_key
 from tests.conftest import Api, start_api
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.integration.test_sessions import create, deploy, send
@@ -265,3 +268,46 @@ async def test_storage_reports_what_the_tenant_holds(aiohttp_client: Any, settin
     finally:
         await api.client.close()
         await server.stop()
+
+
+async def test_holdings_sum_each_tenants_own_rows_on_both_databases(db_url: str, tmp_path: Path) -> None:
+    # The sums behind GET /api/storage and the 409, as one prebuilt statement with the tenant bound:
+    # each tenant's rows only, on SQLite and on PostgreSQL.
+    db = await Database.open(db_url)
+    board = SnapshotBoard()
+    store = TenantStorage(db, board, Settings())
+    try:
+        def add(s: SyncSession) -> None:
+            sessions: list[tuple[str, str]] = []
+            for tenant, n in (("t1", 3), ("t2", 1)):
+                s.add(Agent(tenant_id=tenant, name="a", path="/x", stored_bytes=1000 * n))
+                s.add(ApiKey(tenant_id=tenant, key_hash=f"h-{tenant}", key_prefix="p"))
+                for i in range(n):
+                    sid = f"{tenant}-{i:032d}"[:36]
+                    sessions.append((tenant, sid))
+                    s.add(Session(id=sid, tenant_id=tenant, agent_name="a", config="{}", message_count=2,
+                                  event_count=5, stored_bytes=700))
+            s.add(Credential(tenant_id="t1", type="anthropic", secret_ciphertext=b"x"))
+            s.flush()  # the sessions before the attachments that name them
+            for tenant, sid in sessions:
+                s.add(Attachment(tenant_id=tenant, session_id=sid, filename="f", mime_type="text/plain", size=50))
+
+        await db.run_tx(add)
+        session_dir = tmp_path / "snap"
+        session_dir.mkdir()
+        (session_dir / make_key(1, 1)).write_bytes(b"s" * 300)
+        board.refresh(f"t1-{0:032d}"[:36], session_dir)
+        board.refresh(f"t2-{0:032d}"[:36], session_dir)
+
+        t1 = await store.holdings("t1")
+        assert (t1.agents, t1.agent_bytes, t1.sessions, t1.messages, t1.events, t1.history_bytes) == \
+            (1, 3000, 3, 6, 15, 2100)
+        assert (t1.credentials, t1.api_keys, t1.attachments, t1.attachment_bytes) == (1, 1, 3, 150)
+        assert (t1.snapshots, t1.snapshot_bytes) == (1, 300)
+        assert t1.total_bytes == 3000 + 2100 + 150 + 300
+        t2 = await store.holdings("t2")
+        assert (t2.agents, t2.sessions, t2.history_bytes, t2.credentials, t2.attachments) == (1, 1, 700, 0, 1)
+        assert t2.snapshots == 1
+        assert await store.holdings("nobody") == Holdings()
+    finally:
+        await db.close()
