@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from aiohttp import web
-from sqlalchemy import func, select
 
 from ashd import __version__
 from ashd.components import Components
@@ -11,15 +10,9 @@ from ashd.config import Settings
 from ashd.http._json import ok
 from ashd.http._keys import COMPONENTS
 from ashd.metrics import CONTENT_TYPE
-from ashd.storage import ApiKeys, QueueItems, Runners, Session, is_alive, utcnow
+from ashd.storage import ApiKeys, QueueItems, Runners, is_alive, service_counts, utcnow
 
 routes = web.RouteTableDef()
-
-
-async def active_sessions(components: Components) -> int:
-    async with components.db.read() as s:
-        return int((await s.execute(select(func.count()).select_from(Session).where(Session.status == "active")))
-                   .scalar_one())
 
 
 async def runner_counts(components: Components) -> dict[str, int]:
@@ -27,10 +20,15 @@ async def runner_counts(components: Components) -> dict[str, int]:
 
 
 async def configuration_warnings(settings: Settings, api_keys: ApiKeys) -> list[str]:
-    """Configuration an operator should fix, also logged at start (`ashd.app`)."""
+    """Configuration an operator should fix, logged at start (`ashd.app`)."""
+    return warnings_for(settings, await api_keys.has_other_tenants())
+
+
+def warnings_for(settings: Settings, other_tenants: bool) -> list[str]:
+    """The same, from what /health read already."""
     from ashd.storage import roots_warning
 
-    found = roots_warning(bool(settings.agent_root_paths), await api_keys.has_other_tenants())
+    found = roots_warning(bool(settings.agent_root_paths), other_tenants)
     return [found] if found else []
 
 
@@ -38,16 +36,17 @@ async def configuration_warnings(settings: Settings, api_keys: ApiKeys) -> list[
 async def health(request: web.Request) -> web.Response:
     components = request.app[COMPONENTS]
     stats = components.pool_stats()
+    counts = await service_counts(components.db)
     body: dict[str, object] = {
         "status": "ok",
         "version": __version__,
         "coordinatorId": components.coordinator_id,
-        "activeSessions": await active_sessions(components),
+        "activeSessions": counts.active_sessions,
         "activeSandboxes": sum(stats.get(s, 0) for s in ("warming", "warm", "waiting", "running")),
         "uptime": components.uptime(),
         "pool": dict(stats),
         "mode": components.settings.mode,
-        "warnings": await configuration_warnings(components.settings, components.api_keys),
+        "warnings": warnings_for(components.settings, counts.other_tenants),
     }
     if components.settings.mode == "coordinator":
         # Alive runners: registered, not swept dead, heartbeat within SERVICE_RUNNER_LIVENESS_SECONDS.
@@ -73,7 +72,8 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     components = request.app[COMPONENTS]
     components.metrics.refresh(
-        uptime=components.uptime(), active_sessions=await active_sessions(components), pool=components.pool_stats(),
+        uptime=components.uptime(), active_sessions=(await service_counts(components.db)).active_sessions,
+        pool=components.pool_stats(),
         data_space=components.data_space.measure(),
     )
     if components.settings.mode == "coordinator":

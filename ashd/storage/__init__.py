@@ -56,6 +56,7 @@ from ashd.storage._models import (
 from ashd.storage._queue import QUEUE_STATUSES, Backoff, Claimed, QueueItems, queue_item_json
 from ashd.storage._runners import Runners, SweptRunner, is_alive, runner_json
 from ashd.storage._sequence import allocate
+from ashd.storage._service_counts import ServiceCounts, service_counts
 from ashd.storage._session_logs import LEVELS as LOG_LEVELS
 from ashd.storage._session_logs import LogLine, SessionLogs
 from ashd.storage._sessions import EventRecord, SessionHeldElsewhere, Sessions, session_json
@@ -135,6 +136,7 @@ __all__ = [
     "QueueItems",
     "Runner",
     "Runners",
+    "ServiceCounts",
     "Session",
     "SessionEvent",
     "SessionHeldElsewhere",
@@ -186,6 +188,7 @@ __all__ = [
     "restore_workspace",
     "roots_warning",
     "runner_json",
+    "service_counts",
     "session_json",
     "session_spend",
     "settle_ns_for",

@@ -7,7 +7,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session as SyncSession
+
 from ashd.config import Settings
+from ashd.storage import ApiKey, Database, Session, service_counts
 from tests.conftest import Api, start_api
 
 
@@ -15,7 +18,7 @@ async def test_health_is_public_and_complete(api: Api) -> None:
     resp = await api.client.get("/health")
     assert resp.status == 200
     body = await resp.json()
-    assert body["status"] == "ok"
+    assert body["status"] == "ok" and body["activeSessions"] == 0 and body["warnings"] == []
     for field in ("activeSessions", "activeSandboxes", "uptime", "pool", "version", "coordinatorId"):
         assert field in body
     for field in ("total", "cold", "warming", "warm", "waiting", "running", "maxCapacity",
@@ -24,6 +27,29 @@ async def test_health_is_public_and_complete(api: Api) -> None:
     space = body["dataDir"]  # free space on the data dir's filesystem, and its state
     assert space["state"] in ("ok", "low", "full") and 0 < space["freeBytes"] <= space["totalBytes"]
     assert space["minFreeBytes"] == 256 * 1024 * 1024 and space["warnFreeBytes"] == 2048 * 1024 * 1024
+
+
+async def test_service_counts_read_every_tenants_rows_on_both_databases(db_url: str) -> None:
+    # What /health and /metrics read in one statement: the active sessions of every tenant, and
+    # whether a tenant other than `default` holds a key (the agent-roots warning's condition).
+    db = await Database.open(db_url)
+    try:
+        counts = await service_counts(db)
+        assert (counts.active_sessions, counts.other_tenants) == (0, False)
+
+        def add(s: SyncSession, tenant: str, statuses: tuple[str, ...]) -> None:
+            s.add(ApiKey(tenant_id=tenant, key_hash=f"h-{tenant}", key_prefix="p"))
+            for i, status in enumerate(statuses):
+                s.add(Session(id=f"{tenant}-{i}", tenant_id=tenant, agent_name="a", config="{}", status=status))
+
+        await db.run_tx(lambda s: add(s, "default", ("active", "paused", "ended", "active")))
+        counts = await service_counts(db)
+        assert (counts.active_sessions, counts.other_tenants) == (2, False)
+        await db.run_tx(lambda s: add(s, "acme", ("active", "starting")))
+        counts = await service_counts(db)
+        assert (counts.active_sessions, counts.other_tenants) == (3, True)
+    finally:
+        await db.close()
 
 
 async def test_metrics_exact_content_type_and_series(api: Api) -> None:
