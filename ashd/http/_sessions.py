@@ -181,7 +181,6 @@ async def delete(request: web.Request) -> web.Response:
 async def list_messages(request: web.Request) -> web.Response:
     stored = _stored(request)
     ten, sid = tenant(request), request.match_info["id"]
-    await stored.get(ten, sid)
     limit = query_int(request, "limit", 100, 1, 1000)
     after = query_int(request, "after", 0, 0, 2**62)
     return ok({"messages": await stored.messages(ten, sid, after, limit)})
@@ -191,7 +190,6 @@ async def list_messages(request: web.Request) -> web.Response:
 async def list_events(request: web.Request) -> web.Response:
     stored = _stored(request)
     ten, sid = tenant(request), request.match_info["id"]
-    await stored.get(ten, sid)
     limit = query_int(request, "limit", 200, 1, 1000)
     after = query_int(request, "after", 0, 0, 2**62)
     type_ = request.query.get("type") or None

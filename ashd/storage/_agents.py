@@ -27,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as SyncSession
 
@@ -188,6 +188,8 @@ KEEP = _Keep()
 
 
 _KNOWN_MAX = 10_000  # agent rows kept by `resolve`
+_AGENT = select(Agent).where(Agent.tenant_id == bindparam("tenant"), Agent.name == bindparam("name"))
+_TENANT_AGENTS = select(Agent).where(Agent.tenant_id == bindparam("tenant")).order_by(Agent.name)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -242,11 +244,10 @@ class Agents:
     def _to_record(self, row: Agent) -> AgentRecord:
         return _record(row, tuple(sorted(self._env(row))))
 
+    # One trip to a reader thread each (`Database.run_read`), not one per statement through aiosqlite.
     async def _row(self, tenant: str, name: str) -> Agent:
-        async with self._db.read() as s:
-            row = (await s.execute(
-                select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
-            )).scalar_one_or_none()
+        values = {"tenant": tenant, "name": name}
+        row: Agent | None = await self._db.run_read(lambda s: s.execute(_AGENT, values).scalar_one_or_none())
         if row is None:
             raise NotFound(f"Agent {name} not found")
         return row
@@ -255,10 +256,7 @@ class Agents:
         return self._to_record(await self._row(tenant, name))
 
     async def list(self, tenant: str) -> list[AgentRecord]:
-        async with self._db.read() as s:
-            rows = (await s.execute(
-                select(Agent).where(Agent.tenant_id == tenant).order_by(Agent.name)
-            )).scalars().all()
+        rows = await self._db.run_read(lambda s: s.execute(_TENANT_AGENTS, {"tenant": tenant}).scalars().all())
         return [self._to_record(r) for r in rows]
 
     async def _checked_path(self, row: Agent) -> Path:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Integer, Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session as SyncSession
 
 from ashd.storage._database import Database
@@ -27,6 +27,10 @@ from ashd.storage._sequence import allocate_sync
 
 LEVELS = ("stdout", "stderr", "system")
 _LOGS = cast(Table, SessionLog.__table__)
+_LINES_AFTER = (select(SessionLog.idx, SessionLog.level, SessionLog.created_at, SessionLog.text, SessionLog.source)
+                .where(SessionLog.session_id == bindparam("id"), SessionLog.tenant_id == bindparam("tenant"),
+                       SessionLog.idx > bindparam("after"))
+                .order_by(SessionLog.idx).limit(bindparam("limit", type_=Integer)))
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,8 @@ class SessionLogs:
             s.execute(delete(SessionLog).where(SessionLog.session_id == session_id, SessionLog.idx < below))
 
     async def list(self, tenant: str, session_id: str, after: int, limit: int) -> builtins.list[dict[str, Any]]:
-        async with self.db.read() as s:
-            rows = (await s.execute(
-                select(SessionLog).where(SessionLog.session_id == session_id, SessionLog.tenant_id == tenant,
-                                         SessionLog.idx > after).order_by(SessionLog.idx).limit(limit)
-            )).scalars().all()
+        values = {"id": session_id, "tenant": tenant, "after": after, "limit": limit}
+        rows = await self.db.run_read(lambda s: s.execute(_LINES_AFTER, values).all())  # one hop
         return [{"index": r.idx, "level": r.level, "ts": iso(r.created_at), "text": r.text, "source": r.source}
                 for r in rows]
 

@@ -312,9 +312,13 @@ async def test_message_and_event_pages(db: Database) -> None:
     assert [e["type"] for e in await sessions.events("t", row.id, 0, 10, "compaction")] == ["compaction"]
     assert [e["sequence"] for e in await sessions.events("t", row.id, first, 1, None)] == [first + 3]
     for other in ("a-tenant", "zz-tenant"):  # tenants whose names sort before and after "t"
-        assert await sessions.messages(other, row.id, 0, 10) == []
-        assert await sessions.events(other, row.id, 0, 10, None) == []
-        assert await sessions.events(other, row.id, 0, 10, "compaction") == []
+        # Another tenant's session is not found, in the same read as its rows would be (HTTP: 404).
+        for read in (sessions.messages(other, row.id, 0, 10), sessions.events(other, row.id, 0, 10, None),
+                     sessions.events(other, row.id, 0, 10, "compaction")):
+            with pytest.raises(NotFound):
+                await read
+    with pytest.raises(NotFound):
+        await sessions.messages("t", "s-unknown", 0, 10)
     assert await sessions.all_message_contents(row.id) == [{"type": "user", "content": t} for t in ("m1", "m2", "m3")]
     assert await _held(sessions) == held
 
