@@ -96,8 +96,7 @@ class QueueItems:
         query = select(QueueItem.status, func.count()).group_by(QueueItem.status)
         if tenant is not None:
             query = query.where(QueueItem.tenant_id == tenant)
-        async with self.db.read() as s:
-            counts = {status: int(n) for status, n in (await s.execute(query)).all()}
+        counts = {status: int(n) for status, n in await self.db.run_read(lambda s: s.execute(query).all())}
         return {status: counts.get(status, 0) for status in QUEUE_STATUSES}
 
     async def open_count(self, tenant: str) -> int:
@@ -122,9 +121,9 @@ class QueueItems:
     async def claim(self, owner: str, lease_s: float, per_tenant: int, count: int) -> list[Claimed]:
         """Claim up to `count` due items, by priority (highest first) then age, leaving out tenants
         that already run `per_tenant` items (on any server)."""
-        async with self.db.read() as s:  # most ticks find nothing: no write transaction for them
-            due = (await s.execute(select(QueueItem.id).where(QueueItem.status == "pending", _due(utcnow()))
-                                   .limit(1))).first()
+        # Most ticks find nothing: a read in one hop, no write transaction for them.
+        query = select(QueueItem.id).where(QueueItem.status == "pending", _due(utcnow())).limit(1)
+        due = await self.db.run_read(lambda s: s.execute(query).first())
         if due is None:
             return []
         return await self.db.run_tx(lambda s: _claim(s, owner, lease_s, per_tenant, count))

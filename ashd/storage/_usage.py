@@ -109,11 +109,8 @@ async def record_usage(db: Database, tenant: str, session_id: str, agent_name: s
 
 
 async def list_usage(db: Database, tenant: str, flt: UsageFilter, limit: int) -> list[dict[str, Any]]:
-    async with db.read() as s:
-        rows = (await s.execute(
-            select(UsageEvent).where(*_conditions(tenant, flt))
-            .order_by(UsageEvent.created_at, UsageEvent.id).limit(limit)
-        )).scalars().all()
+    query = select(UsageEvent).where(*_conditions(tenant, flt)).order_by(UsageEvent.created_at, UsageEvent.id)
+    rows = await db.run_read(lambda s: s.execute(query.limit(limit)).scalars().all())  # one hop
     return [
         {"id": r.id, "tenantId": r.tenant_id, "sessionId": r.session_id, "agentName": r.agent_name,
          "eventType": r.event_type, "value": _number(r.value), "createdAt": iso(r.created_at)}
@@ -123,12 +120,10 @@ async def list_usage(db: Database, tenant: str, flt: UsageFilter, limit: int) ->
 
 async def usage_stats(db: Database, tenant: str, flt: UsageFilter) -> dict[str, float | int]:
     """The seven UsageStats sums (0 where nothing was recorded)."""
-    async with db.read() as s:
-        sums = (await s.execute(
-            select(UsageEvent.event_type, func.sum(UsageEvent.value))
-            .where(*_conditions(tenant, flt), UsageEvent.event_type.in_(EVENT_TYPES))
-            .group_by(UsageEvent.event_type)
-        )).all()
+    query = (select(UsageEvent.event_type, func.sum(UsageEvent.value))
+             .where(*_conditions(tenant, flt), UsageEvent.event_type.in_(EVENT_TYPES))
+             .group_by(UsageEvent.event_type))
+    sums = await db.run_read(lambda s: s.execute(query).all())
     stats: dict[str, float | int] = dict.fromkeys(STAT_FIELDS.values(), 0)
     for event_type, total in sums:
         stats[STAT_FIELDS[event_type]] = _number(float(total or 0))
