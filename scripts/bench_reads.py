@@ -9,6 +9,7 @@ times, `--gap-ms` apart, from this process over HTTP, and prints for each: p50 a
 the server's CPU time (every thread) from the request to `--gap-ms` after its answer, p50. These
 are the calls an SDK makes after a turn (messages, events, logs, files), an operator's CLI (lists,
 storage, usage) and a monitor (/health, /metrics); none is a row of `bench_sessions.py`'s table.
+Last, a session's GET right after each of `--n`/4 more turns (what the turn changed is read).
 """
 
 from __future__ import annotations
@@ -60,8 +61,7 @@ async def main() -> None:
                 await first_message_frame(c, sid, "bench-instant")
             cpu = ServerCpu(proc.pid)
             for name, path in reads(sid):
-                latency: list[float] = []
-                spent: list[float] = []
+                latency, spent = [], []
                 for _ in range(args.n):
                     before, t0 = cpu.seconds(), time.perf_counter()
                     async with http.get(url + path, headers=c.headers) as resp:
@@ -71,8 +71,22 @@ async def main() -> None:
                     latency.append((time.perf_counter() - t0) * 1000)
                     await asyncio.sleep(gap)
                     spent.append((cpu.seconds() - before) * 1000)
-                print(f"{name:26s} p50 {statistics.median(latency):6.2f} ms   p99 {pct(latency, 0.99):6.2f} ms   "
-                      f"server CPU p50 {statistics.median(spent):5.2f} ms   (n={args.n})")
+                report(name, latency, spent)
+            # What an SDK often does once a turn is over: read the session (its counts, lastActiveAt).
+            latency, spent = [], []
+            for _ in range(max(1, args.n // 4)):
+                await first_message_frame(c, sid, "bench-instant")  # read to the turn's end
+                before, t0 = cpu.seconds(), time.perf_counter()
+                await c.call("GET", f"/api/sessions/{sid}")
+                latency.append((time.perf_counter() - t0) * 1000)
+                await asyncio.sleep(gap)
+                spent.append((cpu.seconds() - before) * 1000)
+            report("GET .../{id} after a turn", latency, spent)
+
+
+def report(name: str, latency: list[float], spent: list[float]) -> None:
+    print(f"{name:26s} p50 {statistics.median(latency):6.2f} ms   p99 {pct(latency, 0.99):6.2f} ms   "
+          f"server CPU p50 {statistics.median(spent):5.2f} ms   (n={len(latency)})")
 
 
 if __name__ == "__main__":

@@ -601,15 +601,21 @@ class SessionActor(StagedActor):
             self._let_sandbox_wait()
 
     @staged
-    def end_turn(self, query_id: str) -> Stage[None]:
+    def end_turn(self, query_id: str, row: Session | None = None) -> Stage[None]:
         if self.turn is None or self.turn.query_id != query_id:
             return
         self.turn = None
         if self.handle is not None and self._execs == 0:
             self._let_sandbox_wait()
         # lastActiveAt and the counts changed in storage, not the status: a pause right after the turn
-        # decides on the row it has (its transition returns the new one); a view reads it again.
-        self._turn_since_row = True
+        # decides on the row it has (its transition returns the new one). A view reads it again,
+        # unless the turn's last batch returned it (`row`) and nothing else was stored about the
+        # session since this actor's row (a config change, a transition: both move updated_at).
+        if row is not None and self.row is not None and row.updated_at == self.row.updated_at:
+            self.row = row
+            self._turn_since_row = False
+        else:
+            self._turn_since_row = True
         # The interrupted turn is stored: the pause asked for meanwhile happens now. Its waiters stay
         # listed until answered, so that a stop meanwhile answers them (`_abandon_pauses`).
         if self._pause_waiters:

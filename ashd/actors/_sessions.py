@@ -270,15 +270,16 @@ class SessionRegistry:
         if ref is not None and ref.is_alive():
             self._proxy(ticket.session_id, ref).end_turn(ticket.query_id)
 
-    async def end_turn_now(self, ticket: TurnTicket) -> None:
+    async def end_turn_now(self, ticket: TurnTicket, row: Session | None = None) -> None:
         """`end_turn`, answered: by then the session has told the pool its sandbox waits again, so
         whatever a client does once it has the turn's `done` (a resume that needs the room) reaches
-        the pool after that (one mailbox, in order)."""
+        the pool after that (one mailbox, in order). `row`: the session's row as the turn's last
+        batch left it, which the actor keeps instead of reading it again for the next view."""
         self._remember(ticket.session_id, None)
         ref = self._actors.get(ticket.session_id)
         if ref is not None and ref.is_alive():
             with contextlib.suppress(Unavailable):
-                await call(self._proxy(ticket.session_id, ref).end_turn(ticket.query_id), self.timeout)
+                await call(self._proxy(ticket.session_id, ref).end_turn(ticket.query_id, row), self.timeout)
 
     async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
         """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ashd.errors import StorageError
-from ashd.storage import EventRecord, Sessions, TurnUsage
+from ashd.storage import EventRecord, Session, Sessions, TurnUsage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,6 +148,7 @@ class TurnRecorder:
         self.tool_calls = 0
         self._tool_names: dict[str, str] = {}
         self._usage: TurnUsage | None = None  # given to `done`: stored with the last batch
+        self.final_row: Session | None = None  # the session's row as the batch with `done` left it
 
     async def _seq(self) -> int:
         if self._next >= self._end:
@@ -272,8 +273,8 @@ class TurnRecorder:
             if not messages and not events and usage is None:
                 return
             try:
-                await asyncio.shield(self._sessions.store_turn_batch(self.session_id, self.tenant, messages, events,
-                                                                     usage))
+                row = await asyncio.shield(self._sessions.store_turn_batch(self.session_id, self.tenant, messages,
+                                                                           events, usage))
             except Exception as exc:
                 # Put them back so the final flush retries; a failure here must not lose the turn.
                 self._messages[:0], self._events[:0] = messages, events
@@ -286,6 +287,8 @@ class TurnRecorder:
                 raise
             if events:
                 self.last_sequence = max(self.last_sequence, events[-1].sequence)
+            if row is not None:
+                self.final_row = row
 
     async def close(self) -> None:
         if self._flusher is not None:

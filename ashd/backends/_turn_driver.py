@@ -23,7 +23,7 @@ from ashd.errors import SandboxError, StorageError
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
 from ashd.sandboxing import LimitNotice, TurnSummary
-from ashd.storage import Sessions, TurnUsage, iso, utcnow
+from ashd.storage import Session, Sessions, TurnUsage, iso, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,10 @@ class TurnDriver:
     on_completed: Callable[[str, Callable[[], dict[str, Any]]], None] | None = None
 
     async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float,
-                  ended: Callable[[TurnTicket], Awaitable[None]] | None = None) -> None:
+                  ended: Callable[[TurnTicket, Session | None], Awaitable[None]] | None = None) -> None:
         """Drive one turn to the end whatever the reader does; stored before `done` is sent, and
-        `ended` (the session's turn over: its sandbox waiting again) awaited before it too."""
+        `ended` (the session's turn over: its sandbox waiting again) awaited before it too, with the
+        session's row as the turn's last batch left it (None when that batch was not stored)."""
         recorder = TurnRecorder(self.sessions, ticket.session_id, ticket.tenant, self.limits, ticket.first_event)
         first_event_ms: float | None = None
         count = 0
@@ -135,7 +136,8 @@ class TurnDriver:
             await ticket.connection.interrupt(ticket.query_id)
 
     async def _finish(self, ticket: TurnTicket, recorder: TurnRecorder, sink: FrameSink,
-                      model_turn: ModelTurn, ended: Callable[[TurnTicket], Awaitable[None]] | None = None,
+                      model_turn: ModelTurn,
+                      ended: Callable[[TurnTicket, Session | None], Awaitable[None]] | None = None,
                       ) -> TurnSummary:
         model = await model_turn.finish()  # the model calls' records are stored before `done`
         # Token usage is not taken from the turn: the sandbox could report anything. The model proxy
@@ -156,7 +158,7 @@ class TurnDriver:
                 "will not be replayed; nothing stored before was lost. Send the message again once space is "
                 "freed")}))
         if ended is not None:
-            await ended(ticket)
+            await ended(ticket, None if done.unstored else recorder.final_row)
         await sink.send("done", done.raw, done.sequence)
         if self.on_completed is not None:
             try:

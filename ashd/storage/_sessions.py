@@ -89,8 +89,9 @@ def _turn_batch_update(closing: bool) -> Update:
         "next_message_seq": c.next_message_seq + bindparam("_messages"),
         "event_count": c.event_count + bindparam("_events"), "stored_bytes": c.stored_bytes + bindparam("_size"),
     }
-    if closing:
+    if closing:  # the row as the turn leaves it: its session's actor keeps it (`SessionActor.end_turn`)
         values["turn_open"] = False
+        return update(_SESSIONS).where(c.id == bindparam("_id")).values(**values).returning(*c)
     return update(_SESSIONS).where(c.id == bindparam("_id")).values(**values).returning(c.next_message_seq)
 
 
@@ -390,11 +391,12 @@ class Sessions:
         return run
 
     async def store_turn_batch(self, session_id: str, tenant: str, messages: Sequence[tuple[str, str]],
-                               events: Sequence[EventRecord], usage: TurnUsage | None = None) -> None:
+                               events: Sequence[EventRecord], usage: TurnUsage | None = None) -> Session | None:
         """Messages (role, content JSON) get sequences here; events come with reserved sequences.
-        `usage`: what the turn used, stored in the same transaction (its last batch, with `done`)."""
+        `usage`: what the turn used, stored in the same transaction (its last batch, with `done`).
+        The batch with `done` returns the session's row as it leaves it; any other, None."""
         if not messages and not events and usage is None:
-            return
+            return None
         now = utcnow()
         event_rows = []
         size = sum(_size(content) for _, content in messages)
@@ -406,11 +408,12 @@ class Sessions:
                                "frame_data": e.frame_data, "created_at": now})
         usage_events = usage_rows(tenant, session_id, usage, now) if usage is not None else []
         # The turn's end is stored with `done`: nothing to recover at a restart.
-        statement = _turn_batch_update(any(e.frame_event == "done" for e in events))
+        closing = any(e.frame_event == "done" for e in events)
+        statement = _turn_batch_update(closing)
         params = {"_id": session_id, "_now": now, "_messages": len(messages), "_events": len(event_rows),
                   "_size": size}
 
-        def run(x: Statements) -> None:
+        def run(x: Statements) -> Session | None:
             # Prebuilt statements: one UPDATE counts everything and allocates the messages' sequences,
             # then the rows go in.
             updated = x.rows(statement, params)
@@ -426,8 +429,9 @@ class Sessions:
                 x.run(_INSERT_EVENT, row)
             for row in usage_events:
                 x.run(INSERT_USAGE, row)
+            return from_row(Session, updated[0]) if closing and updated else None
 
-        await self.db.run_direct(run)
+        return await self.db.run_direct(run)
 
     async def messages(self, tenant: str, session_id: str, after: int, limit: int) -> builtins.list[dict[str, Any]]:
         """The session's messages after `after`; NotFound when the tenant has no such session (read in

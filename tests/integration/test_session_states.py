@@ -17,7 +17,7 @@ import pytest
 
 from ashd.devtools.fake_model import FakeModel
 from ashd.storage._models import Session, new_id
-from ashd.storage._sessions import Sessions
+from ashd.storage._sessions import Sessions, session_json
 from tests.conftest import Api
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.integration.test_sessions import create, deploy, sapi, send  # noqa: F401
@@ -296,3 +296,38 @@ async def test_pauses_resumes_and_messages_at_once_keep_one_order(sapi: Api) -> 
             assert (state == "paused" and event["path"] == "warm") or event.get("reason") == "sandbox_lost", event
         state = event["status"]
     assert state == await _status(sapi, sid)
+
+
+async def test_the_view_after_a_turn_is_the_stored_row_with_a_config_changed_during_the_turn(
+        sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
+    # The session's actor keeps the row its turn's last batch returned rather than reading it again,
+    # unless something else was stored about the session meanwhile (here a config change during the
+    # turn): either way, the view after the turn is the row as stored.
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    services = sapi.server.components
+    assert services is not None
+
+    async def stored() -> dict[str, Any]:
+        return session_json(await Sessions(services.db).get("default", sid))
+
+    for turn in range(2):
+        status, frames = await send(sapi, sid, f"plain turn {turn}")
+        assert status == 200 and frames[-1].event == "done"
+        status, body = await sapi.call("GET", f"/api/sessions/{sid}")
+        assert status == 200 and body["session"] == await stored()
+
+    fake_model.script("VIEW-SLOW", [{"content": [{"type": "text", "text": "slow"}], "wait": 0.6}])
+    running = asyncio.create_task(send(sapi, sid, "VIEW-SLOW turn"))
+    await asyncio.sleep(0.3)
+    status, body = await sapi.call("PATCH", f"/api/sessions/{sid}/config", json={"allowedTools": ["Read"]})
+    assert status == 200, body
+    status, frames = await running
+    assert status == 200 and frames[-1].event == "done"
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}")
+    assert status == 200 and body["session"]["allowedTools"] == ["Read"]
+    assert body["session"] == await stored()
+    before = body["session"]["lastActiveAt"]
+    status, frames = await send(sapi, sid, "after the change")
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}")
+    assert body["session"]["lastActiveAt"] > before and body["session"] == await stored()
