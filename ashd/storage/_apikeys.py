@@ -51,9 +51,8 @@ class ApiKeys:
         return hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()
 
     async def verify(self, key: str) -> KeyIdentity | None:
-        digest = self.hash(key)
-        async with self._db.read() as s:
-            row = (await s.execute(select(ApiKey.id, ApiKey.tenant_id).where(ApiKey.key_hash == digest))).first()
+        query = select(ApiKey.id, ApiKey.tenant_id).where(ApiKey.key_hash == self.hash(key))
+        row = await self._db.run_read(lambda s: s.execute(query).first())  # one hop, as the reads below
         return KeyIdentity(row[0], row[1]) if row else None
 
     async def add(self, key: str, tenant_id: str, label: str | None, source: str) -> str:
@@ -73,20 +72,16 @@ class ApiKeys:
         return key_id, key
 
     async def count(self) -> int:
-        async with self._db.read() as s:
-            return len((await s.execute(select(ApiKey.id).limit(1))).all())
+        return len(await self._db.run_read(lambda s: s.execute(select(ApiKey.id).limit(1)).all()))
 
     async def has_other_tenants(self) -> bool:
         """True when some key belongs to a tenant other than `default`."""
-        async with self._db.read() as s:
-            row = (await s.execute(select(ApiKey.id).where(ApiKey.tenant_id != DEFAULT_TENANT).limit(1))).first()
-        return row is not None
+        query = select(ApiKey.id).where(ApiKey.tenant_id != DEFAULT_TENANT).limit(1)
+        return await self._db.run_read(lambda s: s.execute(query).first()) is not None
 
     async def list(self, tenant_id: str) -> list[dict[str, str | None]]:
-        async with self._db.read() as s:
-            rows = (await s.execute(
-                select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
-            )).scalars().all()
+        query = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
+        rows = await self._db.run_read(lambda s: s.execute(query).scalars().all())
         return [
             {"id": r.id, "label": r.label, "keyPrefix": r.key_prefix, "createdAt": iso(r.created_at),
              "lastUsedAt": iso(r.last_used_at)}

@@ -151,20 +151,22 @@ class Attachments:
         return await self.db.run_tx(run)
 
     async def list(self, tenant: str, session_id: str) -> builtins.list[AttachmentRecord]:
-        async with self.db.read() as s:
-            found = await s.execute(select(Session.id).where(Session.id == session_id, Session.tenant_id == tenant))
+        def run(s: SyncSession) -> builtins.list[AttachmentRecord]:  # one hop to a reader thread
+            found = s.execute(select(Session.id).where(Session.id == session_id, Session.tenant_id == tenant))
             if found.scalar_one_or_none() is None:
                 raise NotFound(f"Session {session_id} not found")
-            rows = (await s.execute(select(Attachment).where(
+            rows = s.execute(select(Attachment).where(
                 Attachment.session_id == session_id, Attachment.tenant_id == tenant)
-                .order_by(Attachment.created_at, Attachment.id))).scalars()
+                .order_by(Attachment.created_at, Attachment.id)).scalars()
             return [AttachmentRecord.of(r) for r in rows]
+
+        return await self.db.run_read(run)
 
     async def read(self, tenant: str, attachment_id: str) -> AttachmentData:
         """The attachment with its bytes; 404 for an unknown id or another tenant's."""
-        async with self.db.read() as s:
-            row = (await s.execute(select(Attachment, Attachment.content).where(
-                Attachment.id == attachment_id, Attachment.tenant_id == tenant))).one_or_none()
+        query = select(Attachment, Attachment.content).where(Attachment.id == attachment_id,
+                                                             Attachment.tenant_id == tenant)
+        row = await self.db.run_read(lambda s: s.execute(query).one_or_none())
         if row is None:
             raise NotFound(f"Attachment {attachment_id} not found")
         return AttachmentData(AttachmentRecord.of(row[0]), bytes(row[1] or b""))
@@ -182,10 +184,9 @@ class Attachments:
         """The attachments a message names, in its order, with their bytes. An id that is not an
         attachment of this session (unknown, another session's or another tenant's) is a 400 naming it."""
         wanted = [i for i in ids if _UUID.match(i)]
-        async with self.db.read() as s:
-            rows = {r[0].id: r for r in (await s.execute(select(Attachment, Attachment.content).where(
-                Attachment.id.in_(wanted), Attachment.session_id == session_id,
-                Attachment.tenant_id == tenant))).all()} if wanted else {}
+        query = select(Attachment, Attachment.content).where(
+            Attachment.id.in_(wanted), Attachment.session_id == session_id, Attachment.tenant_id == tenant)
+        rows = {r[0].id: r for r in await self.db.run_read(lambda s: s.execute(query).all())} if wanted else {}
         unknown = [i for i in ids if i not in rows]
         if unknown:
             raise BadRequest(f"`attachments`: {', '.join(unknown[:10])} "

@@ -151,17 +151,13 @@ class Credentials:
         return record
 
     async def list(self, tenant: str) -> list[CredentialRecord]:
-        async with self._db.read() as s:
-            rows = (await s.execute(
-                select(Credential).where(Credential.tenant_id == tenant).order_by(Credential.created_at)
-            )).scalars().all()
+        query = select(Credential).where(Credential.tenant_id == tenant).order_by(Credential.created_at)
+        rows = await self._db.run_read(lambda s: s.execute(query).scalars().all())  # one hop
         return [_record(r) for r in rows]
 
     async def get(self, tenant: str, credential_id: str) -> CredentialRecord:
-        async with self._db.read() as s:
-            row = (await s.execute(
-                select(Credential).where(Credential.id == credential_id, Credential.tenant_id == tenant)
-            )).scalar_one_or_none()
+        query = select(Credential).where(Credential.id == credential_id, Credential.tenant_id == tenant)
+        row = await self._db.run_read(lambda s: s.execute(query).scalar_one_or_none())
         if row is None:
             raise NotFound(f"Credential {credential_id} not found")
         return _record(row)

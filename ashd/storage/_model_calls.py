@@ -136,24 +136,18 @@ def call_json(r: ModelCall) -> dict[str, Any]:
 
 async def list_model_calls(db: Database, tenant: str, session_id: str, after: int,
                            limit: int) -> builtins.list[dict[str, Any]]:
-    async with db.read() as s:
-        rows = (await s.execute(
-            select(ModelCall).where(ModelCall.session_id == session_id, ModelCall.tenant_id == tenant,
-                                    ModelCall.sequence > after)
-            .order_by(ModelCall.sequence, ModelCall.created_at).limit(limit)
-        )).scalars().all()
+    query = (select(ModelCall).where(ModelCall.session_id == session_id, ModelCall.tenant_id == tenant,
+                                     ModelCall.sequence > after)
+             .order_by(ModelCall.sequence, ModelCall.created_at).limit(limit))
+    rows = await db.run_read(lambda s: s.execute(query).scalars().all())  # one hop, as the sums below
     return [call_json(r) for r in rows]
 
 
 async def session_spend(db: Database, session_id: str) -> float:
-    async with db.read() as s:
-        total = (await s.execute(select(func.sum(ModelCall.cost_usd))
-                                 .where(ModelCall.session_id == session_id))).scalar_one()
-    return float(total or 0.0)
+    query = select(func.sum(ModelCall.cost_usd)).where(ModelCall.session_id == session_id)
+    return float(await db.run_read(lambda s: s.execute(query).scalar_one()) or 0.0)
 
 
 async def tenant_spend(db: Database, tenant: str, since: dt.datetime) -> float:
-    async with db.read() as s:
-        total = (await s.execute(select(func.sum(ModelCall.cost_usd))
-                                 .where(ModelCall.tenant_id == tenant, ModelCall.created_at >= since))).scalar_one()
-    return float(total or 0.0)
+    query = select(func.sum(ModelCall.cost_usd)).where(ModelCall.tenant_id == tenant, ModelCall.created_at >= since)
+    return float(await db.run_read(lambda s: s.execute(query).scalar_one()) or 0.0)

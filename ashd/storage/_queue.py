@@ -76,8 +76,7 @@ class QueueItems:
         return queue_item_json(row)
 
     async def get(self, tenant: str, item_id: str) -> dict[str, Any]:
-        async with self.db.read() as s:
-            row = await s.get(QueueItem, item_id)
+        row = await self.db.run_read(lambda s: s.get(QueueItem, item_id))  # one hop, as the reads below
         if row is None or row.tenant_id != tenant:
             raise NotFound(f"Queue item {item_id} not found")
         return queue_item_json(row)
@@ -87,8 +86,8 @@ class QueueItems:
         query = select(QueueItem).where(QueueItem.tenant_id == tenant)
         if status is not None:
             query = query.where(QueueItem.status == status)
-        async with self.db.read() as s:
-            rows = (await s.execute(query.order_by(QueueItem.created_at.desc()).limit(limit))).scalars().all()
+        query = query.order_by(QueueItem.created_at.desc()).limit(limit)
+        rows = await self.db.run_read(lambda s: s.execute(query).scalars().all())
         return [queue_item_json(r) for r in rows]
 
     async def stats(self, tenant: str | None) -> dict[str, int]:
@@ -101,10 +100,9 @@ class QueueItems:
 
     async def open_count(self, tenant: str) -> int:
         """The tenant's items still to finish (`pending` or `processing`)."""
-        async with self.db.read() as s:
-            found = await s.execute(select(func.count()).select_from(QueueItem).where(
-                QueueItem.tenant_id == tenant, QueueItem.status.in_(("pending", "processing"))))
-        return int(found.scalar_one())
+        query = select(func.count()).select_from(QueueItem).where(
+            QueueItem.tenant_id == tenant, QueueItem.status.in_(("pending", "processing")))
+        return int(await self.db.run_read(lambda s: s.execute(query).scalar_one()))
 
     async def cancel(self, tenant: str, item_id: str) -> dict[str, Any]:
         now = utcnow()

@@ -101,14 +101,12 @@ class Webhooks:
         return row, secret
 
     async def list(self, tenant: str) -> builtins.list[Webhook]:
-        async with self._db.read() as s:
-            return builtins.list((await s.execute(select(Webhook).where(Webhook.tenant_id == tenant)
-                                         .order_by(Webhook.created_at))).scalars().all())
+        query = select(Webhook).where(Webhook.tenant_id == tenant).order_by(Webhook.created_at)
+        return builtins.list(await self._db.run_read(lambda s: s.execute(query).scalars().all()))  # one hop
 
     async def get(self, tenant: str, webhook_id: str) -> Webhook:
-        async with self._db.read() as s:
-            row = (await s.execute(select(Webhook).where(Webhook.id == webhook_id, Webhook.tenant_id == tenant))
-                   ).scalar_one_or_none()
+        query = select(Webhook).where(Webhook.id == webhook_id, Webhook.tenant_id == tenant)
+        row = await self._db.run_read(lambda s: s.execute(query).scalar_one_or_none())
         if row is None:
             raise NotFound(f"Webhook {webhook_id} not found")
         return row
@@ -134,10 +132,9 @@ class Webhooks:
 
     async def deliveries(self, tenant: str, webhook_id: str, limit: int) -> builtins.list[WebhookDelivery]:
         await self.get(tenant, webhook_id)  # 404 for another tenant's hook
-        async with self._db.read() as s:
-            return builtins.list((await s.execute(
-                select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
-                .order_by(WebhookDelivery.created_at.desc()).limit(limit))).scalars().all())
+        query = (select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
+                 .order_by(WebhookDelivery.created_at.desc()).limit(limit))
+        return builtins.list(await self._db.run_read(lambda s: s.execute(query).scalars().all()))
 
     # --- the outbox ----------------------------------------------------------------------------
     async def enqueue(self, tenant: str, event: str, data: dict[str, Any], *,
@@ -154,11 +151,11 @@ class Webhooks:
         # resume right after a pause) would otherwise wait for. A hook added between this read and an
         # event is a race either way.
         generation = self._generation
-        async with self._db.read() as s:
-            if not any(webhook_id or event in json.loads(events) for _, events in (await s.execute(query)).all()):
-                if webhook_id is None and self._cacheable and generation == self._generation:
-                    self._unheard.add((tenant, event))
-                return []
+        listening = await self._db.run_read(lambda s: s.execute(query).all())
+        if not any(webhook_id or event in json.loads(events) for _, events in listening):
+            if webhook_id is None and self._cacheable and generation == self._generation:
+                self._unheard.add((tenant, event))
+            return []
         async with self._db.tx() as s:
             hooks = [hid for hid, events in (await s.execute(query)).all()
                      if webhook_id or event in json.loads(events)]
@@ -176,16 +173,16 @@ class Webhooks:
 
     async def due(self, limit: int) -> builtins.list[str]:
         """Ids of deliveries that may be claimed now (pending, or sending with a lapsed lease)."""
-        async with self._db.read() as s:
-            return builtins.list((await s.execute(
-                select(WebhookDelivery.id).where(WebhookDelivery.status.in_(("pending", "sending")),
-                                                 WebhookDelivery.next_attempt_at <= utcnow())
-                .order_by(WebhookDelivery.next_attempt_at).limit(limit))).scalars().all())
+        query = (select(WebhookDelivery.id).where(WebhookDelivery.status.in_(("pending", "sending")),
+                                                  WebhookDelivery.next_attempt_at <= utcnow())
+                 .order_by(WebhookDelivery.next_attempt_at).limit(limit))
+        return builtins.list(await self._db.run_read(lambda s: s.execute(query).scalars().all()))
 
     async def next_due(self) -> dt.datetime | None:
-        async with self._db.read() as s:
-            return (await s.execute(select(func.min(WebhookDelivery.next_attempt_at)).where(
-                WebhookDelivery.status.in_(("pending", "sending"))))).scalar_one_or_none()
+        query = select(func.min(WebhookDelivery.next_attempt_at)).where(
+            WebhookDelivery.status.in_(("pending", "sending")))
+        found: dt.datetime | None = await self._db.run_read(lambda s: s.execute(query).scalar_one_or_none())
+        return found
 
     async def claim(self, delivery_id: str, lease_seconds: float) -> ClaimedDelivery | None:
         """Take the lease of one due delivery; None when another sender took it first, or its hook is
