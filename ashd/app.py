@@ -71,7 +71,7 @@ class Server:
         data_space = DataDirSpace(data, settings.data_dir_min_free_mb * MIB, settings.data_dir_warn_free_mb * MIB)
         metrics = Metrics()
         server_id = coordinator_id()
-        for warning in await configuration_warnings(settings, keys):
+        for warning in await configuration_warnings(settings, db):
             log.warning(warning)
         # Actors and sandboxes; imported late to keep the CLI light.
         from ashd import runtime

@@ -10,7 +10,7 @@ from ashd.config import Settings
 from ashd.http._json import ok
 from ashd.http._keys import COMPONENTS
 from ashd.metrics import CONTENT_TYPE
-from ashd.storage import ApiKeys, QueueItems, Runners, is_alive, service_counts, utcnow
+from ashd.storage import Database, QueueItems, Runners, is_alive, service_counts, utcnow
 
 routes = web.RouteTableDef()
 
@@ -19,13 +19,13 @@ async def runner_counts(components: Components) -> dict[str, int]:
     return await Runners(components.db).counts(components.settings.runner_liveness_seconds)
 
 
-async def configuration_warnings(settings: Settings, api_keys: ApiKeys) -> list[str]:
+async def configuration_warnings(settings: Settings, db: Database) -> list[str]:
     """Configuration an operator should fix, logged at start (`ashd.app`)."""
-    return warnings_for(settings, await api_keys.has_other_tenants())
+    return warnings_for(settings, (await service_counts(db)).other_tenants)
 
 
 def warnings_for(settings: Settings, other_tenants: bool) -> list[str]:
-    """The same, from what /health read already."""
+    """The same, from what /health read already (`service_counts`)."""
     from ashd.storage import roots_warning
 
     found = roots_warning(bool(settings.agent_root_paths), other_tenants)

@@ -74,11 +74,6 @@ class ApiKeys:
     async def count(self) -> int:
         return len(await self._db.run_read(lambda s: s.execute(select(ApiKey.id).limit(1)).all()))
 
-    async def has_other_tenants(self) -> bool:
-        """True when some key belongs to a tenant other than `default`."""
-        query = select(ApiKey.id).where(ApiKey.tenant_id != DEFAULT_TENANT).limit(1)
-        return await self._db.run_read(lambda s: s.execute(query).first()) is not None
-
     async def list(self, tenant_id: str) -> list[dict[str, str | None]]:
         query = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
         rows = await self._db.run_read(lambda s: s.execute(query).scalars().all())

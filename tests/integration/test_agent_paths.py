@@ -148,22 +148,35 @@ async def test_without_roots_other_tenants_use_only_the_library(api: Api, tmp_pa
     assert status == 201, body
 
 
-async def test_health_warns_when_tenants_share_an_unconfined_server(aiohttp_client: Any, settings: Settings,
-                                                                    tmp_path: Path) -> None:
+async def test_health_and_start_warn_when_tenants_share_an_unconfined_server(
+        aiohttp_client: Any, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def logged_at_start() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "SERVICE_AGENT_ROOTS" in r.getMessage()]
+
     server, api = await start_api(aiohttp_client, settings)
     try:
         status, body = await api.call("GET", "/health")
         assert status == 200 and body["warnings"] == []  # one tenant: nothing to warn about
+        assert logged_at_start() == []
         await api.new_tenant_key("acme")
         status, body = await api.call("GET", "/health")
         assert len(body["warnings"]) == 1 and "SERVICE_AGENT_ROOTS" in body["warnings"][0]
     finally:
         await api.client.close()
         await server.stop()
+    caplog.clear()
+    server, api = await start_api(aiohttp_client, settings)  # the same data: the start says it too
+    try:
+        status, body = await api.call("GET", "/health")
+        assert logged_at_start() == body["warnings"] and len(body["warnings"]) == 1
+    finally:
+        await api.client.close()
+        await server.stop()
+    caplog.clear()
     server, api = await start_api(aiohttp_client, settings.with_(agent_roots=str(tmp_path)))
     try:
         status, body = await api.call("GET", "/health")
-        assert body["warnings"] == []  # confined: no warning
+        assert body["warnings"] == [] and logged_at_start() == []  # confined: no warning
     finally:
         await api.client.close()
         await server.stop()
