@@ -190,6 +190,9 @@ KEEP = _Keep()
 _KNOWN_MAX = 10_000  # agent rows kept by `resolve`
 _AGENT = select(Agent).where(Agent.tenant_id == bindparam("tenant"), Agent.name == bindparam("name"))
 _TENANT_AGENTS = select(Agent).where(Agent.tenant_id == bindparam("tenant")).order_by(Agent.name)
+_AGENT_ID = select(Agent.id).where(Agent.tenant_id == bindparam("tenant"), Agent.name == bindparam("name"))
+_ARCHIVE = select(AgentVersion.archive).where(AgentVersion.agent_id == bindparam("id"),
+                                              AgentVersion.version == bindparam("version"))
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -274,9 +277,8 @@ class Agents:
         if await asyncio.to_thread(_cached, base, row.version, row.id):
             return base / f"v{row.version}"
         async with self._build_lock:  # one build per process at a time; the next caller finds it built
-            async with self._db.read() as s:
-                archive = (await s.execute(select(AgentVersion.archive).where(
-                    AgentVersion.agent_id == row.id, AgentVersion.version == row.version))).scalar_one_or_none()
+            version = {"id": row.id, "version": row.version}
+            archive = await self._db.run_read(lambda s: s.execute(_ARCHIVE, version).scalar_one_or_none())
             if archive is None:
                 raise NotFound(f"The files of agent {row.name} (version {row.version}) are neither in the database "
                                "nor on this server (deployed before agent folders were stored in the database, "
@@ -328,9 +330,11 @@ class Agents:
     async def import_local_folders(self) -> int:
         """Managed folders deployed before they were stored in the database (migration 10) are
         packed from this data dir into it, so every other process can build them. Run at start."""
-        async with self._db.read() as s:
-            rows = (await s.execute(select(Agent).where(Agent.managed.is_(True)))).scalars().all()
-            stored = {(a, v) for a, v in (await s.execute(select(AgentVersion.agent_id, AgentVersion.version))).all()}
+        def managed(s: SyncSession) -> tuple[Sequence[Agent], set[tuple[str, int]]]:
+            rows = s.execute(select(Agent).where(Agent.managed.is_(True))).scalars().all()
+            return rows, {(a, v) for a, v in s.execute(select(AgentVersion.agent_id, AgentVersion.version)).all()}
+
+        rows, stored = await self._db.run_read(managed)  # one snapshot for both
         imported = 0
         for row in rows:
             folder = Path(row.path)
@@ -462,9 +466,8 @@ class Agents:
         return target, kept
 
     async def exists(self, tenant: str, name: str) -> bool:
-        async with self._db.read() as s:
-            found = await s.execute(select(Agent.id).where(Agent.tenant_id == tenant, Agent.name == name))
-            return found.first() is not None
+        values = {"tenant": tenant, "name": name}
+        return await self._db.run_read(lambda s: s.execute(_AGENT_ID, values).first()) is not None
 
     @_changes_agents
     async def _upsert(

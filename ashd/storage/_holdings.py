@@ -172,9 +172,8 @@ class TenantStorage:
         if limit is None:
             return
         model = _COUNTED[kind]
-        async with self._db.read() as s:
-            count = (await s.execute(select(func.count()).select_from(model).where(model.tenant_id == tenant)))
-            have = int(count.scalar_one())
+        query = select(func.count()).select_from(model).where(model.tenant_id == tenant)
+        have = int(await self._db.run_read(lambda s: s.execute(query).scalar_one()))
         if have >= limit:
             setting = {"agents": "SERVICE_TENANT_MAX_AGENTS", "credentials": "SERVICE_TENANT_MAX_CREDENTIALS",
                        "API keys": "SERVICE_TENANT_MAX_API_KEYS"}[kind]

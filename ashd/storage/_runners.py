@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 
 from ashd.errors import NotFound
 from ashd.storage._database import Database
@@ -24,6 +24,12 @@ from ashd.storage._sessions import Sessions, pause_selected
 
 # A runner marked dead that never came back is forgotten after this long (it stays listed until then).
 FORGET_DEAD_AFTER = dt.timedelta(days=1)
+
+# Read in one hop each (`Database.run_read`): a coordinator's /health counts the runners at every probe.
+_KNOWN = select(Runner.id).where(Runner.id == bindparam("id"))
+_BY_REGISTRATION = select(Runner).order_by(Runner.registered_at)
+_BY_ID = select(Runner).order_by(Runner.id)
+_SILENT = select(Runner.id).where(Runner.dead_at.is_(None), Runner.last_heartbeat_at < bindparam("cutoff"))
 
 
 def runner_json(row: Runner, liveness_seconds: float | None = None) -> dict[str, Any]:
@@ -76,8 +82,7 @@ class Runners:
 
     async def deregister(self, runner_id: str) -> list[str]:
         """Pause the runner's sessions in one bulk update, then remove the runner."""
-        async with self.db.read() as s:
-            known = (await s.execute(select(Runner.id).where(Runner.id == runner_id))).scalar_one_or_none()
+        known = await self.db.run_read(lambda s: s.execute(_KNOWN, {"id": runner_id}).scalar_one_or_none())
         if known is None:
             raise NotFound(f"Runner {runner_id} is not registered")
         paused = await Sessions(self.db).pause_orphans(runner_id=runner_id, reason="runner_deregistered")
@@ -86,8 +91,7 @@ class Runners:
         return paused
 
     async def list(self, liveness_seconds: float | None = None) -> list[dict[str, Any]]:
-        async with self.db.read() as s:
-            rows = (await s.execute(select(Runner).order_by(Runner.registered_at))).scalars().all()
+        rows = await self.db.run_read(lambda s: s.execute(_BY_REGISTRATION).scalars().all())
         return [runner_json(r, liveness_seconds) for r in rows]
 
     async def counts(self, liveness_seconds: float) -> dict[str, int]:
@@ -100,8 +104,7 @@ class Runners:
         return out
 
     async def rows(self) -> builtins.list[Runner]:
-        async with self.db.read() as s:
-            return list((await s.execute(select(Runner).order_by(Runner.id))).scalars().all())
+        return await self.db.run_read(lambda s: list(s.execute(_BY_ID).scalars().all()))
 
     async def sweep_dead(self, liveness_seconds: float) -> builtins.list[SweptRunner]:
         """Mark runners silent for `liveness_seconds` dead and pause their `active`/`starting`
@@ -114,9 +117,7 @@ class Runners:
         """
         now = utcnow()
         cutoff = now - dt.timedelta(seconds=liveness_seconds)
-        async with self.db.read() as s:
-            stale = list((await s.execute(select(Runner.id).where(
-                Runner.dead_at.is_(None), Runner.last_heartbeat_at < cutoff))).scalars())
+        stale = await self.db.run_read(lambda s: list(s.execute(_SILENT, {"cutoff": cutoff}).scalars()))
         swept: builtins.list[SweptRunner] = []
         for runner_id in stale:
             async with self.db.tx() as s:

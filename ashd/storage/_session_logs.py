@@ -31,6 +31,7 @@ _LINES_AFTER = (select(SessionLog.idx, SessionLog.level, SessionLog.created_at, 
                 .where(SessionLog.session_id == bindparam("id"), SessionLog.tenant_id == bindparam("tenant"),
                        SessionLog.idx > bindparam("after"))
                 .order_by(SessionLog.idx).limit(bindparam("limit", type_=Integer)))
+_COUNT = select(func.count()).select_from(SessionLog).where(SessionLog.session_id == bindparam("id"))
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,4 @@ class SessionLogs:
                 for r in rows]
 
     async def count(self, session_id: str) -> int:
-        async with self.db.read() as s:
-            return int((await s.execute(select(func.count()).select_from(SessionLog)
-                                        .where(SessionLog.session_id == session_id))).scalar_one())
+        return int(await self.db.run_read(lambda s: s.execute(_COUNT, {"id": session_id}).scalar_one()))

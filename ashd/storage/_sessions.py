@@ -492,8 +492,7 @@ class Sessions:
         query = select(Session.sandbox_id, Session.id).where(Session.sandbox_id.in_(list(sandbox_ids)))
         if not ended:
             query = query.where(Session.status != "ended")
-        async with self.db.read() as s:
-            rows = (await s.execute(query)).all()
+        rows = await self.db.run_read(lambda s: s.execute(query).all())
         return {r[0]: r[1] for r in rows}
 
     async def pause_orphans(self, runner_id: str | None = None, reason: str = "restart", *,
