@@ -83,20 +83,22 @@ class SessionActor(StagedActor):
         self._live_changes: dict[str, Any] | None = None
 
     def _inline_ok(self, name: str) -> bool:
-        """A pause or a DELETE with no turn running, a warm resume and a turn's start may be handled on
-        the loop while this actor is idle (`_inline.py`): their steps there read this actor's state
-        and store one transaction, which goes to the writer thread when the database is not free at
-        once. A resume or a turn that finds its sandbox gone, and a DELETE of a workspace of more
-        than INLINE_WALK_ENTRIES entries, go on on this actor's thread (`ON_ACTOR_THREAD`). Not on a
-        runner: its transitions are fenced, and one fenced out lets its sandbox go, which waits for
-        the pool."""
+        """A pause or a DELETE with no turn running, a warm resume, a turn's start and its end may be
+        handled on the loop while this actor is idle (`_inline.py`): their steps there read this
+        actor's state and store at most one transaction, which goes to the writer thread when the
+        database is not free at once. A resume or a turn that finds its sandbox gone, and a DELETE
+        of a workspace of more than INLINE_WALK_ENTRIES entries, go on on this actor's thread
+        (`ON_ACTOR_THREAD`). Not on a runner: its transitions are fenced, and one fenced out lets
+        its sandbox go, which waits for the pool."""
         if self.deps.runner_id is not None or self.row is None:
             return False
         if name in ("pause", "delete"):  # a DELETE's walk of a large workspace goes to this thread
             return self.turn is None
         if name in ("resume", "begin_turn"):
             return self.handle is not None and self.handle.alive is not None and self.conn is not None
-        return False
+        # A turn's end: the sandbox's state goes to the pool by a tell (`unhold`), and a pause asked
+        # for during the turn is a transition, as a pause handled here is.
+        return name == "end_turn"
 
     def _then_here(self) -> bool:
         """Whether a create, a fork or a cold resume goes on on the loop once its bridge is configured

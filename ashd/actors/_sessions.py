@@ -275,11 +275,13 @@ class SessionRegistry:
         whatever a client does once it has the turn's `done` (a resume that needs the room) reaches
         the pool after that (one mailbox, in order). `row`: the session's row as the turn's last
         batch left it, which the actor keeps instead of reading it again for the next view."""
-        self._remember(ticket.session_id, None)
         ref = self._actors.get(ticket.session_id)
         if ref is not None and ref.is_alive():
-            with contextlib.suppress(Unavailable):
-                await call(self._proxy(ticket.session_id, ref).end_turn(ticket.query_id, row), self.timeout)
+            with contextlib.suppress(Unavailable):  # on the loop when the actor is idle (`_inline`)
+                await call(self._inline(ticket.session_id, "end_turn", ticket.query_id, row)
+                           or self._proxy(ticket.session_id, ref).end_turn(ticket.query_id, row), self.timeout)
+        else:
+            self._remember(ticket.session_id, None)
 
     async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
         """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,

@@ -24,12 +24,12 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ashd.errors import StorageError
-from ashd.storage import EventRecord, Session, Sessions, TurnUsage
+from ashd.storage import EventRecord, ModelCallRecord, Session, Sessions, TurnUsage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,6 +148,7 @@ class TurnRecorder:
         self.tool_calls = 0
         self._tool_names: dict[str, str] = {}
         self._usage: TurnUsage | None = None  # given to `done`: stored with the last batch
+        self._calls: list[ModelCallRecord] = []  # the same
         self.final_row: Session | None = None  # the session's row as the batch with `done` left it
 
     async def _seq(self) -> int:
@@ -214,15 +215,17 @@ class TurnRecorder:
         self._kick()
         return seq, raw
 
-    async def done(self, usage: TurnUsage | None = None) -> Done:
+    async def done(self, usage: TurnUsage | None = None, calls: Sequence[ModelCallRecord] = ()) -> Done:
         """Store the `done` frame and flush everything, retrying while storage is full or away;
-        `usage` (what the turn used) goes in the same transaction.
+        `usage` (what the turn used) and `calls` (the records of its model calls, with their usage
+        events) go in the same transaction.
 
         With `Done.unstored` empty the turn is durable when this returns. Otherwise those frames
         (ids the client has seen) could not be stored in `retry_seconds` and are dropped: keeping
         them in memory would hold the turn, the session and its memory hostage to the disk.
         """
         self._usage = usage
+        self._calls.extend(calls)
         raw = json.dumps({"sessionId": self.session_id})
         try:
             seq: int | None = await self._seq()
@@ -243,9 +246,16 @@ class TurnRecorder:
             log.error("a turn's last frames could not be stored: the disk stayed full or the database away",
                       extra={"sessionId": self.session_id, "frames": len(unstored),
                              "messages": len(self._messages)})
-            self._events, self._messages, self._usage = [], [], None
+            self._events, self._messages, self._usage = [], [], None  # the calls: `unstored_calls`
             return Done(None, raw, unstored)
         return Done(seq, raw)
+
+    def unstored_calls(self) -> list[ModelCallRecord]:
+        """The model call records given to `done` that are not stored (its batch failed, or never ran),
+        taken out: the caller hands them back to the writer they came from, which stores them on its
+        own (a call is paid for, whatever became of the turn)."""
+        calls, self._calls = self._calls, []
+        return calls
 
     def _kick(self) -> None:
         if len(self._events) >= _FLUSH_EVENTS:
@@ -268,16 +278,16 @@ class TurnRecorder:
 
     async def flush(self) -> None:
         async with self._lock:
-            messages, events, usage = self._messages, self._events, self._usage
-            self._messages, self._events, self._usage = [], [], None
-            if not messages and not events and usage is None:
+            messages, events, usage, calls = self._messages, self._events, self._usage, self._calls
+            self._messages, self._events, self._usage, self._calls = [], [], None, []
+            if not messages and not events and usage is None and not calls:
                 return
             try:
                 row = await asyncio.shield(self._sessions.store_turn_batch(self.session_id, self.tenant, messages,
-                                                                           events, usage))
+                                                                           events, usage, calls))
             except Exception as exc:
                 # Put them back so the final flush retries; a failure here must not lose the turn.
-                self._messages[:0], self._events[:0] = messages, events
+                self._messages[:0], self._events[:0], self._calls[:0] = messages, events, calls
                 self._usage = usage
                 if isinstance(exc, StorageError):  # full disk, database away: expected, said once
                     log.warning("storing a turn batch failed (%s); will retry", exc.message,

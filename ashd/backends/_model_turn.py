@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Sequence
 from typing import Any
 
 from ashd.actors import TurnTicket
 from ashd.sandboxing import TurnSummary
-
-log = logging.getLogger(__name__)
+from ashd.storage import ModelCallRecord
 
 
 class ModelTurn:
@@ -26,11 +25,15 @@ class ModelTurn:
                              if self._proxy is not None else TurnSummary())
         return self._summary
 
-    async def finish(self) -> TurnSummary:
+    async def finish(self) -> tuple[TurnSummary, list[ModelCallRecord]]:
+        """The turn's summary, and the records of its calls: the caller stores them with the turn's
+        `done` (`TurnRecorder.done`) and hands back (`give_back`) what it could not store."""
         summary = self.end()
-        if self._proxy is not None:
-            try:
-                await self._proxy.flush()
-            except Exception:  # noqa: BLE001 - the records stay queued and are retried; the turn goes on
-                log.warning("model call records not stored yet", extra={"sessionId": self._ticket.session_id})
-        return summary
+        if self._proxy is None:
+            return summary, []
+        return summary, await self._proxy.take_records(self._ticket.query_id)
+
+    def give_back(self, records: Sequence[ModelCallRecord]) -> None:
+        """Records from `finish` the turn did not store: the proxy's writer stores (or retries) them."""
+        if records and self._proxy is not None:
+            self._proxy.requeue(records)

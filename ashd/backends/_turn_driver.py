@@ -139,13 +139,16 @@ class TurnDriver:
                       model_turn: ModelTurn,
                       ended: Callable[[TurnTicket, Session | None], Awaitable[None]] | None = None,
                       ) -> TurnSummary:
-        model = await model_turn.finish()  # the model calls' records are stored before `done`
+        model, calls = await model_turn.finish()  # the model calls' records are stored with `done`
         # Token usage is not taken from the turn: the sandbox could report anything. The model proxy
         # records what the model API reported for every call (stored just above). The turn's own
         # counts are stored with its last frames, in one transaction.
         compute_seconds = ticket.compute_seconds()
         usage = {"tool_calls": float(recorder.tool_calls), "message": 1.0, "compute_seconds": compute_seconds}
-        done = await recorder.done(TurnUsage(ticket.agent_name, usage))
+        try:
+            done = await recorder.done(TurnUsage(ticket.agent_name, usage), calls)
+        finally:
+            model_turn.give_back(recorder.unstored_calls())  # a call is paid for: its record is kept
         if done.unstored:
             # The values go to the log so that the operator can still account for the turn.
             log.error("usage of a turn could not be stored", extra={"sessionId": ticket.session_id,
@@ -174,8 +177,9 @@ class TurnDriver:
         from the bridge: each new one becomes an `error` frame and event, counted against the turn's
         bounds (a sandbox can hit its limits on purpose, as often as it likes). The bridge's
         `limits_check` gets them all, for the tool result the model reads."""
-        notices: list[LimitNotice] = (await asyncio.to_thread(ticket.meter.check)
-                                      if ticket.meter is not None else [])
+        # On the loop: a few reads of kernel counters and one statvfs, no disk I/O; a trip to a thread
+        # and back cost more than the reads (docs/performance.md, sixteenth pass).
+        notices: list[LimitNotice] = ticket.meter.check() if ticket.meter is not None else []
         for notice in (n for n in notices if n.new):
             log.warning("sandbox limit hit: %s", notice.message, extra={
                 "sessionId": ticket.session_id, "sandboxId": ticket.sandbox_id, "limit": notice.limit})

@@ -119,14 +119,20 @@ class FakeModel:
         if not body.get("stream"):
             return web.json_response(full_message(turn, model, tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         delay = float(turn.get("delay") or 0)
         events = [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
                   for name, data in sse_events(turn, model, tokens)]
         if not delay and sum(map(len, events)) <= ONE_WRITE_BYTES:
-            # A short instant reply is there at once, as one write (one segment on the wire, as an
-            # instant model's would come); a long one is streamed event by event, as the API does.
-            events = [b"".join(events)]
+            # A short instant reply is there at once, as one write: the headers, the events and the
+            # chunked body's end in one segment on the wire, as an instant model's would come
+            # (aiohttp holds a StreamResponse's headers for its first write when told to; without
+            # that, three writes and three wake-ups of the reader). A long one is streamed event
+            # by event, its headers first, as the API does.
+            resp._send_headers_immediately = False
+            await resp.prepare(request)
+            await resp.write_eof(b"".join(events))
+            return resp
+        await resp.prepare(request)
         for event in events:
             if delay:
                 await asyncio.sleep(delay)

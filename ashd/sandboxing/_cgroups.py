@@ -74,13 +74,15 @@ def _write(path: Path, value: str) -> None:
 
 
 def _read_int_field(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
+    """A `key value` file's value of `key` (0 when absent or unreadable). Read at each turn's end and
+    after each tool call, as `cpu_seconds` is: one open and read, without pathlib's layers."""
+    for line in (_read_small(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            try:
                 return int(value)
-    except (OSError, ValueError):
-        pass
+            except ValueError:
+                return 0
     return 0
 
 

@@ -26,7 +26,7 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +46,7 @@ from ashd.sandboxing._model_policy import (
     TokenBucket,
 )
 from ashd.sandboxing._model_records import RecordWriter, Store
+from ashd.storage import ModelCallRecord
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,16 @@ class ModelProxy:
         return TurnSummary(turn.calls, turn.model_ms, turn.spent)
 
     async def flush(self) -> None:
-        """Store the records of every finished call (the turn's end, the audit list, budgets)."""
+        """Store the records of every finished call (the audit list, a sandbox's detach, shutdown)."""
         await self._writer.flush()
+
+    async def take_records(self, query_id: str) -> list[ModelCallRecord]:
+        """The records of a turn's finished calls, for the turn to store with its end (`RecordWriter.take`)."""
+        return await self._writer.take(query_id)
+
+    def requeue(self, records: Sequence[ModelCallRecord]) -> None:
+        """Records `take_records` gave that their turn could not store: stored like any other."""
+        self._writer.put_back(records)
 
     # --- sockets ---------------------------------------------------------------------------------
     async def start_for(self, sandbox_id: str, socket_path: str | os.PathLike[str]) -> None:
@@ -326,6 +335,9 @@ class ModelProxy:
                 for name, value in upstream.headers.items():
                     if name.lower() not in _DROP_RESPONSE:
                         resp.headers.add(name, value)
+                # The headers go with the reply's first bytes, in one write: the bridge has nothing to
+                # do with them alone, and each write wakes it (aiohttp holds them when told to).
+                resp._send_headers_immediately = False
                 try:
                     await resp.prepare(request)
                 except ConnectionResetError:

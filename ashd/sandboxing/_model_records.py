@@ -41,9 +41,14 @@ class RecordWriter:
 
     def add(self, record: ModelCallRecord) -> None:
         """On the loop; never waits."""
-        if self._store is None:
+        self.put_back([record])
+
+    def put_back(self, records: Sequence[ModelCallRecord]) -> None:
+        """Queue records (on the loop; never waits): new ones, or ones taken (`take`) that their turn
+        could not store."""
+        if self._store is None or not records:
             return
-        self._queue.append(record)
+        self._queue.extend(records)
         if len(self._queue) > MAX_QUEUED:  # storage has been failing for a long time: spill the oldest
             self._spill(self._queue[:-MAX_QUEUED])
             del self._queue[:-MAX_QUEUED]
@@ -58,6 +63,18 @@ class RecordWriter:
         except Exception:  # noqa: BLE001 - logged in flush; retried by the next add or flush
             if self._queue:
                 self._task = asyncio.get_running_loop().create_task(self._later(self._retry_delay))
+
+    async def take(self, query_id: str) -> list[ModelCallRecord]:
+        """The queued records of one turn's calls, out of the queue: the turn stores them in its last
+        transaction, with its `done` (one trip to the database where a flush would be a second).
+        A batch being stored when this is called is waited for: it may hold some of them."""
+        if self._store is None:
+            return []
+        async with self._lock:  # `flush` takes its batch from the front of the queue under it
+            mine = [r for r in self._queue if r.query_id == query_id]
+            if mine:
+                self._queue = [r for r in self._queue if r.query_id != query_id]
+            return mine
 
     async def flush(self) -> None:
         """Store everything queued so far; on failure the records stay queued and this raises."""

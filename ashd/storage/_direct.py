@@ -37,6 +37,11 @@ class Statements(Protocol):
         """Execute `statement`; what it returns is not read."""
         ...
 
+    def run_many(self, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Execute `statement` once per row of `rows` (each with the same keys), as one batch of
+        the driver's: one round trip on PostgreSQL, not one per row."""
+        ...
+
 
 class CoreStatements:
     """Through a SQLAlchemy connection: PostgreSQL, or SQLite where no direct connection is at hand."""
@@ -49,6 +54,20 @@ class CoreStatements:
 
     def run(self, statement: ClauseElement, params: Mapping[str, Any]) -> None:
         self._conn.execute(statement, dict(params))  # type: ignore[call-overload]
+
+    def run_many(self, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            _same_keys(rows)
+            self._conn.execute(statement, [dict(r) for r in rows])  # type: ignore[call-overload]
+
+
+def _same_keys(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The keys every row of a `run_many` has (one compiled statement binds one set of keys)."""
+    keys = tuple(sorted(rows[0]))
+    for row in rows:
+        if tuple(sorted(row)) != keys:
+            raise ValueError(f"run_many: every row needs the keys {keys}")
+    return keys
 
 
 def with_defaults(table: Table, values: Mapping[str, Any]) -> Row:
@@ -105,18 +124,24 @@ class SqliteStatements:
     def __init__(self, raw: sqlite3.Connection) -> None:
         self._raw = raw
 
-    def _execute(self, statement: ClauseElement, params: Mapping[str, Any]) -> tuple[sqlite3.Cursor, _Compiled]:
-        keys = tuple(sorted(params))
+    def _compiled(self, statement: ClauseElement, keys: tuple[str, ...]) -> _Compiled:
         entry = self._cache.get((id(statement), keys))
         if entry is None or entry[0] is not statement:
             entry = (statement, _compile(statement, keys))
             self._cache[(id(statement), keys)] = entry  # the statement is kept: its id stays its own
-        compiled = entry[1]
+        return entry[1]
+
+    @staticmethod
+    def _values(compiled: _Compiled, params: Mapping[str, Any]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for name, process in compiled.binds:
             value = params[name] if name in params else compiled.defaults[name]  # KeyError: a value missing
             values[name] = process(value) if process is not None and value is not None else value
-        return self._raw.execute(compiled.sql, values), compiled
+        return values
+
+    def _execute(self, statement: ClauseElement, params: Mapping[str, Any]) -> tuple[sqlite3.Cursor, _Compiled]:
+        compiled = self._compiled(statement, tuple(sorted(params)))
+        return self._raw.execute(compiled.sql, self._values(compiled, params)), compiled
 
     def rows(self, statement: ClauseElement, params: Mapping[str, Any]) -> list[Row]:
         cursor, compiled = self._execute(statement, params)
@@ -128,3 +153,9 @@ class SqliteStatements:
 
     def run(self, statement: ClauseElement, params: Mapping[str, Any]) -> None:
         self._execute(statement, params)[0].close()
+
+    def run_many(self, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        compiled = self._compiled(statement, _same_keys(rows))
+        self._raw.executemany(compiled.sql, [self._values(compiled, row) for row in rows]).close()

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, insert, select, update
-from sqlalchemy.orm import Session as SyncSession
 
 from ashd.storage._database import Database
+from ashd.storage._direct import Statements
 from ashd.storage._models import ModelCall, Session, UsageEvent, iso, new_id
 
 
@@ -95,30 +95,29 @@ def _call_row(rec: ModelCallRecord, sequence: int) -> dict[str, Any]:
     }
 
 
-async def store_model_calls(db: Database, records: Sequence[ModelCallRecord]) -> None:
-    if not records:
-        return
+def insert_model_calls(x: Statements, records: Sequence[ModelCallRecord]) -> None:
+    """`records` with their usage events, in the caller's transaction: a batch of the proxy's record
+    writer, or a turn's last batch (its own calls, stored with its `done`)."""
     by_session: dict[str, list[ModelCallRecord]] = defaultdict(list)
     for rec in records:
         by_session[rec.session_id].append(rec)
+    calls: list[dict[str, Any]] = []
+    usage: list[dict[str, Any]] = []
+    for session_id in sorted(by_session):
+        recs = sorted(by_session[session_id], key=lambda r: r.created_at)
+        allocated = x.rows(_ALLOCATE, {"_id": session_id, "_count": len(recs)})
+        # A session row that is gone still gets its calls stored (sequence 0): spend is never dropped.
+        first = int(allocated[0]["next_model_call_seq"]) - len(recs) + 1 if allocated else 0
+        for i, rec in enumerate(recs):
+            calls.append(_call_row(rec, first + i if allocated else 0))
+            usage.extend(_usage_rows(rec))
+    x.run_many(_INSERT_CALLS, calls)
+    x.run_many(_INSERT_USAGE, usage)
 
-    def run(s: SyncSession) -> None:
-        conn = s.connection()  # Core statements built once: stored before every turn's `done`
-        calls: list[dict[str, Any]] = []
-        usage: list[dict[str, Any]] = []
-        for session_id in sorted(by_session):
-            recs = sorted(by_session[session_id], key=lambda r: r.created_at)
-            last = conn.execute(_ALLOCATE, {"_id": session_id, "_count": len(recs)}).scalar_one_or_none()
-            # A session row that is gone still gets its calls stored (sequence 0): spend is never dropped.
-            first = int(last) - len(recs) + 1 if last is not None else 0
-            for i, rec in enumerate(recs):
-                calls.append(_call_row(rec, first + i if last is not None else 0))
-                usage.extend(_usage_rows(rec))
-        conn.execute(_INSERT_CALLS, calls)
-        if usage:
-            conn.execute(_INSERT_USAGE, usage)
 
-    await db.run_tx(run)
+async def store_model_calls(db: Database, records: Sequence[ModelCallRecord]) -> None:
+    if records:
+        await db.run_direct(lambda x: insert_model_calls(x, records))  # prebuilt statements, one hop
 
 
 def call_json(r: ModelCall) -> dict[str, Any]:

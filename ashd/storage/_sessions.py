@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import functools
 import json
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session as SyncSession
 from ashd.errors import Conflict, NotFound
 from ashd.storage._database import Database
 from ashd.storage._direct import Statements, with_defaults
+from ashd.storage._model_calls import ModelCallRecord, insert_model_calls
 from ashd.storage._models import Agent, Attachment, Message, Session, SessionEvent, from_row, iso, new_id, utcnow
 from ashd.storage._sequence import allocate, allocate_sync
 from ashd.storage._usage import INSERT_USAGE, TurnUsage, usage_rows
@@ -57,6 +59,10 @@ _FRAMES_AFTER = (select(SessionEvent.sequence, SessionEvent.frame_event, Session
                  .where(SessionEvent.session_id == bindparam("id"), SessionEvent.sequence > bindparam("after"),
                         SessionEvent.frame_event.is_not(None))
                  .order_by(SessionEvent.sequence).limit(bindparam("limit", type_=Integer)))
+# A turn's last batch of at most this many rows is stored on the loop, unless the database is busy
+# (`store_turn_batch`): about 50 us a row there, so the loop is held for 2 ms at most.
+INLINE_BATCH_ROWS = 40
+
 # Statuses in which a session is held by the runner its row names (its sandbox lives there).
 LIVE_STATUSES = ("active", "starting")
 
@@ -391,11 +397,14 @@ class Sessions:
         return run
 
     async def store_turn_batch(self, session_id: str, tenant: str, messages: Sequence[tuple[str, str]],
-                               events: Sequence[EventRecord], usage: TurnUsage | None = None) -> Session | None:
+                               events: Sequence[EventRecord], usage: TurnUsage | None = None,
+                               calls: Sequence[ModelCallRecord] = ()) -> Session | None:
         """Messages (role, content JSON) get sequences here; events come with reserved sequences.
-        `usage`: what the turn used, stored in the same transaction (its last batch, with `done`).
-        The batch with `done` returns the session's row as it leaves it; any other, None."""
-        if not messages and not events and usage is None:
+        `usage` (what the turn used) and `calls` (its model calls' records) are stored in the same
+        transaction: its last batch, with `done`, so no thread trip and commit of their own stand
+        between the turn's end and its `done`. The batch with `done` returns the session's row as it
+        leaves it; any other, None."""
+        if not messages and not events and usage is None and not calls:
             return None
         now = utcnow()
         event_rows = []
@@ -414,6 +423,8 @@ class Sessions:
                   "_size": size}
 
         def run(x: Statements) -> Session | None:
+            # The calls first: the row the batch's UPDATE returns then has their sequences counted.
+            insert_model_calls(x, calls)
             # Prebuilt statements: one UPDATE counts everything and allocates the messages' sequences,
             # then the rows go in.
             updated = x.rows(statement, params)
@@ -421,17 +432,21 @@ class Sessions:
                 if not updated:
                     raise NotFound(f"Session {session_id} not found")
                 first = int(updated[0]["next_message_seq"]) - len(messages) + 1
-                for i, (role, content) in enumerate(messages):
-                    x.run(_INSERT_MESSAGE, {"id": new_id(), "session_id": session_id, "tenant_id": tenant,
-                                            "role": role, "content": content, "sequence": first + i,
-                                            "created_at": now})
-            for row in event_rows:
-                x.run(_INSERT_EVENT, row)
-            for row in usage_events:
-                x.run(INSERT_USAGE, row)
+                x.run_many(_INSERT_MESSAGE, [{"id": new_id(), "session_id": session_id, "tenant_id": tenant,
+                                              "role": role, "content": content, "sequence": first + i,
+                                              "created_at": now} for i, (role, content) in enumerate(messages)])
+            x.run_many(_INSERT_EVENT, event_rows)  # one batch of the driver's per table
+            x.run_many(INSERT_USAGE, usage_events)
             return from_row(Session, updated[0]) if closing and updated else None
 
-        return await self.db.run_direct(run)
+        # A turn's end, when small, on the loop itself (as an inline transition): `done` waits for it,
+        # and the writer thread's round trip took longer than the statements (docs/performance.md,
+        # sixteenth pass). A larger one, and every batch before it, goes to the writer thread.
+        rows = len(messages) + len(event_rows) + len(usage_events) + 6 * len(calls)
+        here = self.db.direct_here(run) if closing and rows <= INLINE_BATCH_ROWS else None
+        if here is None:
+            return await self.db.run_direct(run)
+        return here.result() if here.done() else await asyncio.wrap_future(here)
 
     async def messages(self, tenant: str, session_id: str, after: int, limit: int) -> builtins.list[dict[str, Any]]:
         """The session's messages after `after`; NotFound when the tenant has no such session (read in

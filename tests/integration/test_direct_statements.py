@@ -20,7 +20,7 @@ from sqlalchemy import bindparam, insert, select
 from ashd.errors import NotFound
 from ashd.storage import Database, Session, SessionEvent
 from ashd.storage._database import INLINE_WAIT_MS
-from ashd.storage._direct import SqliteStatements
+from ashd.storage._direct import SqliteStatements, Statements
 from ashd.storage._models import Agent
 from ashd.storage._sessions import SessionHeldElsewhere, Sessions
 
@@ -236,6 +236,35 @@ def test_a_statement_that_needs_more_than_its_values_is_refused(tmp_path: Path) 
             x.rows(select(Session.__table__.c.status).where(Session.__table__.c.id == bindparam("_id")), {})
     finally:
         raw.close()
+
+
+async def test_run_many_stores_each_row_as_run_does(db_url: str) -> None:
+    """One batch of the driver's (`executemany`), the rows converted as one `run` each would be; rows
+    whose keys differ from the first's are refused before anything runs."""
+    db = await Database.open(db_url)
+    try:
+        seeded = await _seeded(db)
+        at = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+        rows = [{"id": f"e{i}", "session_id": seeded.id, "tenant_id": "t", "type": "lifecycle",
+                 "data": json.dumps({"i": i}), "sequence": 100 + i, "created_at": at} for i in range(3)]
+        await db.run_direct(lambda x: x.run_many(insert(SessionEvent), rows))
+        bad: list[dict[str, Any]] = [rows[0] | {"id": "e9", "sequence": 109}, {"id": "e10", "session_id": seeded.id}]
+
+        def one_then_bad(x: Statements) -> None:
+            x.run(insert(SessionEvent), rows[0] | {"id": "e8", "sequence": 108})
+            x.run_many(insert(SessionEvent), bad)
+
+        with pytest.raises(ValueError, match="every row needs the keys"):
+            await db.run_direct(one_then_bad)
+        await db.run_direct(lambda x: x.run_many(insert(SessionEvent), []))
+        async with db.read() as s:
+            stored = (await s.execute(select(SessionEvent).where(SessionEvent.sequence >= 100)
+                                      .order_by(SessionEvent.sequence))).scalars().all()
+        assert [(e.id, e.sequence, json.loads(e.data or "")) for e in stored] == \
+            [("e0", 100, {"i": 0}), ("e1", 101, {"i": 1}), ("e2", 102, {"i": 2})]  # e8: rolled back
+        assert stored[0].created_at == at
+    finally:
+        await db.close()
 
 
 async def test_an_inserted_session_is_answered_as_storage_reads_it(db_url: str) -> None:

@@ -135,8 +135,8 @@ def test_calendar_months() -> None:
     assert next_month(start) == dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
-def record(i: int) -> ModelCallRecord:
-    return ModelCallRecord(str(i), "s", "t", "a", "sb", None, "messages", "m", False, 10, 200, "ok", None, None,
+def record(i: int, query_id: str | None = None) -> ModelCallRecord:
+    return ModelCallRecord(str(i), "s", "t", "a", "sb", query_id, "messages", "m", False, 10, 200, "ok", None, None,
                            1, 1, 0, 0, 0.1, 1.0, None, dt.datetime.now(dt.UTC), "test")
 
 
@@ -164,6 +164,42 @@ async def test_record_writer_keeps_what_it_could_not_store(caplog: pytest.LogCap
     await writer.close()  # storage still down at shutdown: the record goes to the error log
     spilled = [r for r in caplog.records if r.getMessage() == "model call record not stored"]
     assert len(spilled) == 1 and json.loads(spilled[0].record)["id"] == "3"  # type: ignore[attr-defined]
+
+
+async def test_a_turn_takes_its_records_out_of_the_writer() -> None:
+    """`take` gives one turn's queued records and leaves the rest; it waits for a batch being stored
+    (which may hold some of them); records given back are stored like any other."""
+    stored: list[str] = []
+    storing, release = asyncio.Event(), asyncio.Event()
+
+    async def store(batch: Sequence[ModelCallRecord]) -> None:
+        storing.set()
+        await release.wait()
+        stored.extend(r.id for r in batch)
+
+    release.set()
+    writer = RecordWriter(store)
+    writer.add(record(2, "q1"))
+    writer.add(record(3, "q2"))
+    writer.add(record(4))  # a call outside any turn
+    assert [r.id for r in await writer.take("q1")] == ["2"]
+    assert writer.pending == 2  # q2's and the one outside a turn stay for the writer
+    writer.put_back([record(2, "q1")])  # its turn could not store it
+    await writer.flush()
+    assert sorted(stored) == ["2", "3", "4"] and writer.pending == 0
+    # A batch being stored holds a turn's record: `take` waits for it and does not give it twice.
+    release.clear()
+    storing.clear()
+    writer.add(record(5, "q5"))
+    flushing = asyncio.create_task(writer.flush())
+    await storing.wait()
+    taking = asyncio.create_task(writer.take("q5"))
+    await asyncio.sleep(0.01)
+    assert not taking.done()
+    release.set()
+    await flushing
+    assert await taking == [] and stored.count("5") == 1
+    assert await RecordWriter(None).take("q1") == []
 
 
 def test_model_settings_are_validated_at_start() -> None:
