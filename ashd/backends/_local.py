@@ -22,7 +22,7 @@ from ashd.backends._replay import stored_replay
 from ashd.backends._stream import TurnStream
 from ashd.backends._turn_driver import TurnDriver
 from ashd.errors import Conflict, DiskQuotaExceeded, NotFound, SandboxError, ServiceError
-from ashd.storage import AgentFile, Attachments, bundle_budget, bundle_workspace, restore_bundle, write_files
+from ashd.storage import AgentFile, Attachments, Session, bundle_budget, bundle_workspace, restore_bundle, write_files
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +137,21 @@ class LocalBackend:
 
     async def _drive(self, ticket: TurnTicket, message: Message, stream: TurnStream, lookup_ms: float) -> None:
         error: BaseException | None = None
+        told = False
+
+        async def ended(ticket: TurnTicket, row: Session | None) -> None:
+            nonlocal told
+            await self._registry.end_turn_now(ticket, row)
+            told = True
+
         try:
-            await self._driver.run(ticket, message, stream, lookup_ms, ended=self._registry.end_turn_now)
+            await self._driver.run(ticket, message, stream, lookup_ms, ended=ended)
         except Exception as exc:
             log.exception("a turn failed", extra={"sessionId": ticket.session_id})
             error = exc
         finally:
-            self._registry.end_turn(ticket)
+            if not told:  # the turn failed before its end was told: the session's actor hears it now
+                self._registry.end_turn(ticket)
             stream.end(error)
 
     async def replay(self, tenant: str, session_id: str, after: int) -> AsyncGenerator[Frame, None]:

@@ -71,38 +71,42 @@ class TurnDriver:
 
         model_turn = ModelTurn(self.model_proxy, ticket, message.max_budget_usd)
         try:
-            async for frame in ticket.connection.query(message.content, model=ticket.model,
-                                                       include_partial_messages=message.include_partial_messages,
-                                                       query_id=ticket.query_id, on_limits_check=limits_check,
-                                                       maxBudgetUsd=message.max_budget_usd,
-                                                       config=ticket.live_config, **message.options):
-                kind = frame.get("type")
-                if first_event_ms is None:
-                    first_event_ms = (time.monotonic() - ticket.started) * 1000
-                if kind == "done":
-                    break
-                if stopped:
-                    continue
-                if kind == "message":
-                    data = frame.get("data")
-                    if not isinstance(data, dict):
+            frames = ticket.connection.query(message.content, model=ticket.model,
+                                             include_partial_messages=message.include_partial_messages,
+                                             query_id=ticket.query_id, on_limits_check=limits_check,
+                                             maxBudgetUsd=message.max_budget_usd,
+                                             config=ticket.live_config, **message.options)
+            # Closed here, not when the collector finds it: no finaliser task, and the query's
+            # routing entry goes at once.
+            async with contextlib.aclosing(frames):
+                async for frame in frames:
+                    kind = frame.get("type")
+                    if first_event_ms is None:
+                        first_event_ms = (time.monotonic() - ticket.started) * 1000
+                    if kind == "done":
+                        break
+                    if stopped:
                         continue
-                    raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-                    try:
-                        seq = await recorder.message(data, raw)
-                    except (TurnLimitReached, StorageError) as exc:
-                        stopped = True
-                        await self._stop_turn(ticket, recorder, sink, exc)
-                        continue
-                    count += 1
-                    await sink.send("message", raw, seq)
-                elif kind == "error":
-                    count += 1
-                    try:
-                        await _send_error(recorder, sink, str(frame.get("error") or "agent error"), counted=True)
-                    except TurnLimitReached as exc:
-                        stopped = True
-                        await self._stop_turn(ticket, recorder, sink, exc)
+                    if kind == "message":
+                        data = frame.get("data")
+                        if not isinstance(data, dict):
+                            continue
+                        raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+                        try:
+                            seq = await recorder.message(data, raw)
+                        except (TurnLimitReached, StorageError) as exc:
+                            stopped = True
+                            await self._stop_turn(ticket, recorder, sink, exc)
+                            continue
+                        count += 1
+                        await sink.send("message", raw, seq)
+                    elif kind == "error":
+                        count += 1
+                        try:
+                            await _send_error(recorder, sink, str(frame.get("error") or "agent error"), counted=True)
+                        except TurnLimitReached as exc:
+                            stopped = True
+                            await self._stop_turn(ticket, recorder, sink, exc)
             # Limits hit outside a tool call (an MCP server, a background process) are told at the end.
             await limits_check()
         except (SandboxError, OSError) as exc:
