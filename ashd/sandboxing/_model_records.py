@@ -41,14 +41,18 @@ class RecordWriter:
 
     def add(self, record: ModelCallRecord) -> None:
         """On the loop; never waits."""
-        self.put_back([record])
+        if self._store is not None:
+            self._queue.append(record)
+            self._queued()
 
     def put_back(self, records: Sequence[ModelCallRecord]) -> None:
-        """Queue records (on the loop; never waits): new ones, or ones taken (`take`) that their turn
-        could not store."""
-        if self._store is None or not records:
-            return
-        self._queue.extend(records)
+        """Queue records (on the loop; never waits) that were taken (`take`) by a turn that could not
+        store them."""
+        if self._store is not None and records:
+            self._queue.extend(records)
+            self._queued()
+
+    def _queued(self) -> None:
         if len(self._queue) > MAX_QUEUED:  # storage has been failing for a long time: spill the oldest
             self._spill(self._queue[:-MAX_QUEUED])
             del self._queue[:-MAX_QUEUED]
