@@ -21,6 +21,7 @@ from ashd.actors import EMPTY_POOL_STATS
 from ashd.backends import SessionBackend
 from ashd.components import Components, coordinator_id
 from ashd.config import Settings
+from ashd.event_loop import running_loop_name
 from ashd.http import build_app, configuration_warnings
 from ashd.metrics import Metrics
 from ashd.storage import (
@@ -143,7 +144,8 @@ class Server:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
         await site.start()
-        log.info("listening", extra={"host": self.settings.host, "port": self.settings.port})
+        log.info("listening", extra={"host": self.settings.host, "port": self.settings.port,
+                                     "eventLoop": running_loop_name()})
 
     async def stop(self) -> None:
         """HTTP first, then the rest in the reverse order of start."""

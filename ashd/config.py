@@ -280,6 +280,10 @@ OPTIONS: tuple[Option, ...] = (
            "only `<data dir>/library/<tenant>/`. See docs/security.md.", _opt_text),
     Option("SERVICE_LOG_LEVEL", "log_level", "`debug` `info` `warning` `error`", "info",
            "Minimum level of the JSON log lines on stderr.", _choice("debug", "info", "warning", "error")),
+    Option("SERVICE_EVENT_LOOP", "event_loop", "`auto` `uvloop` `asyncio`", "auto",
+           "The server's event loop: `auto` runs uvloop (libuv, in C: less CPU per request) when it is "
+           "installed, as it is with ashd's own dependencies, and asyncio's own loop otherwise.",
+           _choice("auto", "uvloop", "asyncio")),
     Option("SERVICE_RATE_LIMIT_RPS", "rate_limit_rps", "number > 0", 50.0,
            "Sustained requests per second allowed per API key (token bucket refill rate).", _float_pos),
     Option("SERVICE_RATE_LIMIT_BURST", "rate_limit_burst", "integer ≥ 1", 100,
@@ -500,6 +504,7 @@ class Settings:
     data_dir: str = "./data"
     agent_roots: str | None = None
     log_level: str = "info"
+    event_loop: str = "auto"
     rate_limit_rps: float = 50.0
     rate_limit_burst: int = 100
     idle_timeout_seconds: int = 1800

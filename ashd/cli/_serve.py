@@ -3,12 +3,12 @@ before anything starts (instead of a traceback after the sandbox zygote is up)."
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import socket
 
 import click
 
+from ashd import event_loop
 from ashd.config import Settings, load_settings
 from ashd.logs import setup_logging
 
@@ -46,7 +46,9 @@ def serve() -> None:
     check_port(settings)
     setup_logging(settings.log_level)
     try:
-        asyncio.run(run(settings))
+        event_loop.run(run(settings), settings.event_loop)
+    except event_loop.LoopUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:  # taken between the check and the start
             raise _taken(settings) from exc
@@ -61,4 +63,7 @@ def runner() -> None:
     settings = load_settings()
     check_port(settings.with_(port=settings.runner_port), "SERVICE_RUNNER_PORT")
     setup_logging(settings.log_level)
-    asyncio.run(run_runner(settings))
+    try:
+        event_loop.run(run_runner(settings), settings.event_loop)
+    except event_loop.LoopUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -17,6 +17,7 @@ from ashd._signals import StopStep, run_until_signalled, unwind
 from ashd.components import coordinator_id
 from ashd.config import Settings
 from ashd.errors import ConfigError
+from ashd.event_loop import running_loop_name
 from ashd.http import RunnerApiState, build_runner_app
 from ashd.metrics import Metrics
 from ashd.runner._registration import Registration, RunnerIdentity
@@ -83,7 +84,8 @@ class RunnerProcess:
         self.registration.start()
         log.info("runner listening", extra={"runnerId": self.runner_id, "host": settings.host,
                                             "port": settings.runner_port, "advertise": identity.host,
-                                            "version": __version__, "server": settings.server_url})
+                                            "version": __version__, "server": settings.server_url,
+                                            "eventLoop": running_loop_name()})
 
     async def _pause_sessions(self) -> None:
         """Snapshot and pause this runner's sessions before its sandboxes go (bounded: the liveness
