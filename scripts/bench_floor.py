@@ -22,6 +22,8 @@ between the rows (docs/performance.md, tenth pass).
 With `--idle` it then measures the floor's GET (and, with `--ashd`, ashd's GET) after the client
 has waited 0, 2, 20 and 200 ms before each request: what an idle moment costs the next request on
 this machine, whatever the server does (docs/performance.md, fourteenth pass).
+
+Both servers run the event loop `SERVICE_EVENT_LOOP` names (uvloop unless it says `asyncio`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import statistics
 import subprocess
@@ -41,6 +44,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from ashd import event_loop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sessions import PY, Client, ashd_server, fake_model, free_port, line, wait_http, wait_warm
@@ -150,7 +155,9 @@ def serve(port: int, folder: Path) -> None:
     ref = Worker.start()
     worker = ref.proxy()
     try:
-        asyncio.run(main())
+        # The loop ashd would run here (SERVICE_EVENT_LOOP, inherited by both servers): the floor
+        # and ashd are measured on the same one.
+        event_loop.run(main(), os.environ.get("SERVICE_EVENT_LOOP", "auto"))
     finally:
         ref.stop()
 
