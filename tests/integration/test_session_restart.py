@@ -42,10 +42,13 @@ class Proc:
                     "SERVICE_PREWARM": "0", "ANTHROPIC_BASE_URL": fake_url, "ANTHROPIC_API_KEY": "x"}
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log: Path | None = None  # where the server's log lines go (appended), if anywhere
 
     async def start(self) -> str:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        with open(self.log, "ab") if self.log is not None else contextlib.nullcontext() as err:  # noqa: SIM115
+            self.proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=self.env,
+                                         stdout=subprocess.DEVNULL, stderr=err or subprocess.DEVNULL,
+                                         start_new_session=True)
         async with asyncio.timeout(60), aiohttp.ClientSession() as http:
             while True:
                 assert self.proc.poll() is None, "the server exited during start"
