@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ashd.bridge.engine._model import MAX_RETRIES
 from ashd.bridge.history import history_from_stored
 from ashd.devtools.fake_model import FakeModel
 from ashd.engines import bundled_cli
@@ -126,6 +127,8 @@ async def test_model_error_is_an_error_result(engine: str, bridge: BridgeHarness
     frames = await collect(conn, "BOTH-AUTH")
     assert [f["type"] for f in frames][-2:] == ["error", "done"]
     assert result_of(frames)["is_error"] is True
+    # Both engines keep the same retry budget (the CLI's own is 10 tries, three minutes of backoff).
+    assert 1 <= len(fake_model.requests_containing("BOTH-AUTH")) <= MAX_RETRIES + 1
 
 
 async def test_usage_and_cost(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:

@@ -24,6 +24,7 @@ from ashd.bridge.engine import _messages as m
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._forward import LoopbackForwarder
 from ashd.bridge.engine._loop import EngineError
+from ashd.bridge.engine._model import MAX_RETRIES
 from ashd.bridge.engine._options import QueryOptions, apply_live_config
 from ashd.bridge.engine._skills import expand_skill
 from ashd.engines import SDK, bundled_cli
@@ -216,6 +217,9 @@ class SdkEngine:
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ENTRYPOINT": "sdk-py",
+            # The builtin engine's retry budget. The CLI's own is 10, with backoff to 40 s, and it
+            # retries a 401 too: a wrong ANTHROPIC_API_KEY took three minutes to reach the person.
+            "CLAUDE_CODE_MAX_RETRIES": str(MAX_RETRIES),
             # It is: without this the CLI refuses bypassPermissions to a root user (a bridge run
             # outside a sandbox, as in tests); inside one it runs as an unprivileged uid anyway.
             "IS_SANDBOX": "1",
