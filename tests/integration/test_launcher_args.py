@@ -246,9 +246,9 @@ def test_a_sandbox_asking_no_disk_on_a_quota_launcher_gets_plain_directories(tmp
 
 
 @pytest.fixture
-def weak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxLauncher]:
+def weak(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxLauncher]:
     monkeypatch.setenv("ASHD_TEST_SECRET", SECRET)
-    config = LauncherConfig(tmp_path, TEST_LIMITS, bwrap="/nonexistent/bwrap", allow_weak_isolation=True)
+    config = LauncherConfig(short_tmp, TEST_LIMITS, bwrap="/nonexistent/bwrap", allow_weak_isolation=True)
     launcher = SandboxLauncher(config)
     launcher.start()
     try:
