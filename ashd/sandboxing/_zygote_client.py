@@ -59,7 +59,6 @@ class ZygoteClient:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._children: dict[int, ZygoteChild] = {}
         self._lock = threading.Lock()
         self._spawn_lock = threading.Lock()
         self._reader: threading.Thread | None = None
@@ -71,7 +70,14 @@ class ZygoteClient:
     def start(self) -> None:
         """Call from the launcher's long-lived spawner thread: the zygote's PDEATHSIG follows the
         thread that forked it."""
-        self._replies = queue.Queue()  # nothing stale from a previous zygote
+        if self._sock is not None or self._proc is not None:
+            self.stop()  # a previous zygote that died: its socket closed, its reader gone
+        # Each zygote's reader keeps its own socket, replies and children: a previous one's reader,
+        # still draining a dead zygote's socket, would otherwise read the new socket or answer the
+        # new zygote's spawns with its "exited" (seen under a loaded CI, when it woke late).
+        replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._replies = replies
+        children: dict[int, ZygoteChild] = {}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with open(self.log_path, "ab") as logf:
             self._proc = subprocess.Popen(
@@ -95,10 +101,11 @@ class ZygoteClient:
             )
         theirs.close()
         self._sock = ours
-        self._reader = threading.Thread(target=self._read, name="ashd-zygote-reader", daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(ours, replies, children),
+                                        name="ashd-zygote-reader", daemon=True)
         self._reader.start()
         try:
-            hello = self._replies.get(timeout=BOOT_TIMEOUT)
+            hello = replies.get(timeout=BOOT_TIMEOUT)
         except queue.Empty:
             self.stop()
             raise SandboxError(f"the sandbox fork server did not start; see {self.log_path}") from None
@@ -111,12 +118,12 @@ class ZygoteClient:
         self.has_payload = bool(hello.get("payload"))
         log.info("sandbox zygote %d ready (payload %s)", hello.get("pid"), self.payload)
 
-    def _read(self) -> None:
-        assert self._sock is not None
+    def _read(self, sock: socket.socket, replies: queue.Queue[dict[str, Any]],
+              children: dict[int, ZygoteChild]) -> None:
         buf = b""
         while True:
             try:
-                data = self._sock.recv(1 << 16)
+                data = sock.recv(1 << 16)
             except OSError:
                 data = b""
             if not data:
@@ -127,7 +134,7 @@ class ZygoteClient:
                 msg = json.loads(line)
                 if "exit" in msg:
                     with self._lock:
-                        child = self._children.pop(msg["exit"], None)
+                        child = children.pop(msg["exit"], None)
                     if child is not None:
                         child.set_status(int(msg["status"]))
                     continue
@@ -135,14 +142,15 @@ class ZygoteClient:
                     # Registered here, in socket order, so its exit can never be seen first.
                     msg["child"] = ZygoteChild(msg["pid"])
                     with self._lock:
-                        self._children[msg["pid"]] = msg["child"]
-                self._replies.put(msg)
+                        children[msg["pid"]] = msg["child"]
+                replies.put(msg)
         # The zygote is gone: its children died with it (PDEATHSIG SIGKILL).
         with self._lock:
-            orphans, self._children = list(self._children.values()), {}
+            orphans = list(children.values())
+            children.clear()
         for child in orphans:
             child.set_status(-9)
-        self._replies.put({"error": "the sandbox fork server exited"})
+        replies.put({"error": "the sandbox fork server exited"})
 
     def spawn(self, request: dict[str, Any]) -> ZygoteChild:
         with self._lock:

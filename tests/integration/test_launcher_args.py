@@ -10,12 +10,14 @@ purpose: first in the launcher's mutation test list (pyproject.toml) so mutants 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -30,6 +32,7 @@ from ashd.sandboxing import ExitReason, LauncherConfig, SandboxLauncher, Sandbox
 from ashd.sandboxing._cgroups import CgroupTree
 from ashd.sandboxing._disk import MIB, is_mounted
 from ashd.sandboxing._egress_policy import EgressPolicy
+from ashd.sandboxing._zygote_client import ZygoteChild
 from tests.fixtures.sandboxes import ROUTES, TEST_LIMITS, program_spec, require_isolation, started_launcher, wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -50,8 +53,17 @@ def _run_probe(launcher: SandboxLauncher, sandbox_id: str, spec: SandboxSpec) ->
     return seen
 
 
-def _zygote_pids() -> list[int]:
-    return [p.pid for p in psutil.Process().children() if "ashd.sandboxing._zygote" in " ".join(p.cmdline())]
+def _zygote_pids(data_dir: Path) -> list[int]:
+    """The fork servers this process started for the launcher on `data_dir` (their output goes to
+    its zygote.log): a module-scoped launcher of another test file, on the same pytest worker, has
+    its own."""
+    def logs_under(pid: int) -> bool:
+        with contextlib.suppress(OSError):
+            return Path(os.readlink(f"/proc/{pid}/fd/2")).is_relative_to(data_dir.resolve())
+        return False
+
+    return [p.pid for p in psutil.Process().children()
+            if "ashd.sandboxing._zygote" in " ".join(p.cmdline()) and logs_under(p.pid)]
 
 
 @pytest.fixture(scope="module", params=ROUTES)
@@ -114,7 +126,7 @@ def seen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             bridge.cleanup()
             out["disks"] = [paths.disk, net_paths.disk, bridge_paths.disk, waiting_paths.disk]
         out["mounted_after_stop"] = [str(d) for d in out["disks"] if is_mounted(d)]
-        out["zygotes_after_stop"] = _zygote_pids()
+        out["zygotes_after_stop"] = _zygote_pids(data_dir)
         yield out
     finally:
         os.close(held)
@@ -220,17 +232,53 @@ def test_default_route_restart_and_a_dead_fork_server(tmp_path: Path) -> None:
     for _ in range(2):
         launcher.start()
         try:
-            for zygote in _zygote_pids():
+            for zygote in _zygote_pids(tmp_path):
                 os.kill(zygote, signal.SIGKILL)
                 psutil.Process(zygote).wait(30)
             proc = launcher.launch(spec)
             assert proc.wait(60).reason is ExitReason.NORMAL
             proc.cleanup()
-            assert len(_zygote_pids()) == 1  # the default route is the zygote: it was started again
+            assert len(_zygote_pids(tmp_path)) == 1  # the default route is the zygote: it was started again
         finally:
             launcher.stop()
         with pytest.raises(SandboxError, match="not started"):
             launcher.launch(spec)
+
+
+def test_a_restarted_fork_server_is_not_answered_by_the_dead_ones_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead zygote's reader thread that wakes late (held here in its report of a sandbox that died
+    with it, as a loaded host delays it) reports that exit to its own zygote's waiters only: never
+    to the next zygote's spawns, which it once answered with "the sandbox fork server exited"."""
+    require_isolation()
+    release = threading.Event()
+    set_status = ZygoteChild.set_status
+
+    def late(child: ZygoteChild, status: int) -> None:
+        if status == -9:  # an orphan of the dead zygote
+            release.wait(60)
+        set_status(child, status)
+
+    monkeypatch.setattr(ZygoteChild, "set_status", late)
+    with started_launcher(tmp_path, "zygote") as launcher:
+        client = launcher._zygote
+        assert client is not None
+        held_paths = launcher.prepare("held")
+        held = launcher.launch(SandboxSpec("held", held_paths, argv=(sys.executable, "-c", "import time; time.sleep(600)")))
+        dead_reader = client._reader
+        assert dead_reader is not None
+        for zygote in _zygote_pids(tmp_path):
+            os.kill(zygote, signal.SIGKILL)
+            psutil.Process(zygote).wait(30)
+        launcher._spawner.submit(client.start).result()  # the next zygote, ready
+        release.set()
+        dead_reader.join(60)  # the dead zygote's reader has reported its exit
+        paths = launcher.prepare("late")
+        proc = launcher.launch(SandboxSpec("late", paths, argv=(sys.executable, "-c", "pass")))
+        assert proc.wait(60).reason is ExitReason.NORMAL
+        proc.cleanup()
+        held.cleanup()
+        assert len(_zygote_pids(tmp_path)) == 1
 
 
 def test_a_sandbox_asking_no_disk_on_a_quota_launcher_gets_plain_directories(tmp_path: Path) -> None:
