@@ -282,12 +282,14 @@ def _run_payload(req: dict[str, Any], entry: Callable[[list[str]], object] | Non
     os.execvpe(argv[0], argv, req["env"])  # noqa: S606  (argv is the caller's program, no shell)
 
 
-def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None) -> None:
+def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None, gate: int) -> None:
     code = 0
     try:
         os.setsid()
         _drop_privileges()
         install_seccomp(bytes.fromhex(req["seccomp"]))  # a request without a filter fails closed
+        os.read(gate, 1)  # end of file once pid 1 is no longer root (`_init_main`)
+        os.close(gate)
         _run_payload(req, entry)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -311,11 +313,19 @@ def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None)
     _enter_root(newroot)
     apply_plan([Mount.from_json(m) for m in req["plan"]], newroot)
     _pivot(newroot)
+    # pid 1 forks the payload as root (the payload drops its own privileges), then drops its own.
+    # The payload waits on `gate` until that is done: on a loaded host pid 1 could otherwise still
+    # be root, unfiltered, while the payload already runs (seen: the payload listening beside a
+    # root pid 1).
+    gate, opened = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _payload_main(req, entry)
+        os.close(opened)
+        _payload_main(req, entry, gate)
+    os.close(gate)
     _drop_init_privileges()
     install_seccomp(bytes.fromhex(req["seccomp"]))
+    os.close(opened)
     _exit_like(_wait_for(pid))
 
 
