@@ -59,6 +59,7 @@ class WebhookDispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._http: aiohttp.ClientSession | None = None
+        self._closing = False
 
     # --- events --------------------------------------------------------------------------------
     async def emit(self, tenant: str, event: str, data: dict[str, Any]) -> list[str]:
@@ -107,6 +108,10 @@ class WebhookDispatcher:
     async def close(self) -> None:
         """Stop claiming; attempts under way are cancelled (their rows are leased, and sent again
         when the lease runs out)."""
+        # The flag as well as the cancel: before 3.12, `asyncio.wait_for` can hide a cancellation
+        # that meets the end of its wait (CPython gh-86296), and the loop ran on: a stop that hung.
+        self._closing = True
+        self._wake.set()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,7 +124,7 @@ class WebhookDispatcher:
             await self._http.close()
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             self._wake.clear()
             try:
                 await self._dispatch_due()
