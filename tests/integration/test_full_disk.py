@@ -114,10 +114,10 @@ async def test_full_disk_refuses_writes_serves_reads_and_recovers(disk: tuple[Ap
     status, body = await api.call("POST", f"/api/sessions/{s2}/stop")
     assert _is_507(status, body), body
     assert "previous snapshot is kept" in body["error"]
-    # A DELETE stores one small row. SQLite writes it into its write-ahead log, whose pages are
-    # reused once the server's checkpointer has copied them back (storage/_checkpoint.py, in a quiet
-    # half second): then the DELETE is stored even now, and its final snapshot is owed until there
-    # is room (DELETE is how space comes back). Before that checkpoint it is refused with a 507.
+    # A DELETE stores one small row. SQLite writes it into its write-ahead log, which may hold pages
+    # it can reuse without growing the file (after a checkpoint, storage/_checkpoint.py, or pages a
+    # refused larger write above already took): then the DELETE is stored even now, and its final
+    # snapshot is owed until there is room (DELETE is how space comes back). Otherwise it is a 507.
     status, body = await api.call("DELETE", f"/api/sessions/{s2}")
     deleted = status == 200
     if deleted:
