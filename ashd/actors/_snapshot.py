@@ -30,7 +30,8 @@ import pykka
 from pykka.typing import ActorMemberMixin, proxy_method
 
 from ashd.actors._aio import AioActor
-from ashd.actors._owed import OwedSnapshots, TakeOwed
+from ashd.actors._owed import Owed, OwedSnapshots, TakeOwed
+from ashd.actors._room import RoomWatch
 from ashd.errors import ServiceError, StorageFull
 from ashd.storage import (
     DEFAULT_KEEP,
@@ -86,6 +87,8 @@ class SnapshotActor(AioActor):
         self._timer: threading.Timer | None = None
         # Snapshots that can wait for a quiet moment, by session (`snapshot_soon`, `_owed.py`).
         self.owed = owed or OwedSnapshots(None)  # without an Activity: taken at once
+        # A snapshot owed on a full disk is taken again as soon as there is room (`_room.py`).
+        self._room = RoomWatch(self.local.root, self._on_room)
 
     def on_start(self) -> None:
         self.owed.attach(self.actor_ref)
@@ -100,6 +103,7 @@ class SnapshotActor(AioActor):
     def on_stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        self._room.stop()
         self.owed.stop()
         self.take_owed()  # a server that stops still stores what its pauses promised
 
@@ -120,8 +124,8 @@ class SnapshotActor(AioActor):
 
         `taken` is resolved once the snapshot is stored, or with the error that stopped it: the
         sandbox that holds the workspace goes only then. A full data disk keeps it owed, retried
-        every `retry_seconds` (and by a restart's rescue of the workspace) until it is stored.
-        Failures are logged, as nobody waits for the outcome."""
+        as soon as the disk has room again (`_room.py`), and every `retry_seconds` besides (and by a
+        restart's rescue of the workspace), until it is stored. Failures are logged, as nobody waits for the outcome."""
         self.owed.add(session_id, workspace, taken, tell=False)
         if not self.owed.waits:
             self._settle(session_id)
@@ -142,9 +146,8 @@ class SnapshotActor(AioActor):
         try:
             self.snapshot(session_id, workspace, waiting)
         except StorageFull:
-            if waiting:  # the sandbox waits for it: lose nothing, try again later
-                self.owed.put_back(session_id, owed)
-                self._schedule_retry()
+            if waiting:  # the sandbox waits for it: lose nothing, try again once there is room
+                self._owed_again(session_id, owed)
         except ServiceError:
             pass  # logged by `snapshot`
         except Exception:
@@ -161,8 +164,7 @@ class SnapshotActor(AioActor):
             info = self._snapshot(session_id, workspace)
         except StorageFull:
             if owed is not None and owed[1]:  # still owed to those that wait (see `snapshot_soon`)
-                self.owed.put_back(session_id, owed)
-                self._schedule_retry()
+                self._owed_again(session_id, owed)
             raise
         except BaseException as exc:
             _tell(waiting, None, exc)
@@ -313,6 +315,17 @@ class SnapshotActor(AioActor):
             return
         if self._pending.get(session_id, "") <= info.key:
             self._pending.pop(session_id, None)
+
+    def _owed_again(self, session_id: str, owed: Owed) -> None:
+        """A full disk refused an owed snapshot: owed still, taken again when the disk has room (or
+        on the retry timer, for room that `statvfs` does not show: a quota)."""
+        self.owed.put_back(session_id, owed)
+        self._room.watch()
+        self._schedule_retry()
+
+    def _on_room(self) -> None:  # on the room watch's thread
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(TakeOwed())
 
     def _schedule_retry(self) -> None:
         if self._timer is not None:

@@ -21,6 +21,7 @@ from ashd.storage._files import list_files
 from ashd.storage._fingerprint import settle_ns_for, workspace_fingerprint
 from ashd.storage._snapshots_stores import SnapshotStore, store_from_url
 from tests.fixtures.s3_fixture import s3_bucket, s3_server  # noqa: F401
+from tests.fixtures.small_fs import fill, small_fs
 
 TIMEOUT = 60.0
 
@@ -253,3 +254,28 @@ async def test_a_snapshot_owed_from_another_thread_is_taken_in_the_next_quiet_mo
         assert info is not None and _keys(data, "s1") == [info.path.name]
     finally:
         await stop_actor(ref, TIMEOUT)
+
+
+async def test_a_snapshot_a_full_disk_refused_is_taken_once_there_is_room(tmp_path: Path) -> None:
+    """A DELETE's final snapshot (its sandbox waits for it) met a full data disk: it stays owed and
+    is written as soon as the operator frees space, not on the retry timer (an hour here)."""
+    import concurrent.futures
+
+    with small_fs(tmp_path / "data", 16) as data:
+        owed = OwedSnapshots(None)
+        ref = SnapshotActor.start(data / "snapshots", keep=5, owed=owed, retry_seconds=3600)
+        try:
+            ws = make_workspace(tmp_path / "sandboxes" / "x" / "workspace", "final")
+            (ws / "big.bin").write_bytes(os.urandom(2 * 1024 * 1024))  # incompressible: needs room
+            filler = fill(data)
+            taken: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            await asyncio.to_thread(owed.add, "s1", ws, taken)
+            await asyncio.sleep(1.5)
+            assert not taken.done() and _keys(data, "s1") == []  # refused, owed still, no partial left
+            assert owed.sessions() == ["s1"]
+            filler.unlink()
+            info = await asyncio.wait_for(asyncio.wrap_future(taken), TIMEOUT)
+            assert info is not None and _keys(data, "s1") == [info.path.name]
+            assert owed.sessions() == []
+        finally:
+            await stop_actor(ref, TIMEOUT)
