@@ -17,7 +17,7 @@ import errno
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +222,7 @@ class SessionActor(StagedActor):
         self.row = yield from self._transition("active", "resumed", extra=extra,
                                                sandbox_id=self.handle.sandbox_id if self.handle else "", error=None,
                                                agent=row.agent_name if path == "warm" else None, **owner)
-        self.deps.count_resume(path, self.session_id, row.agent_name)
+        self._after_answer(self.deps.count_resume, path, self.session_id, row.agent_name)
         view = session_json(self.row)
         if path == "cold":
             view["workspaceRestored"] = restored
@@ -670,14 +670,29 @@ class SessionActor(StagedActor):
             self.row = None  # the next request reads the row as it is
             yield from self._drop_sandbox()
             raise
+        self._after_answer(self._announce, row.agent_name, before, status, action, extra)
+        return row
+
+    def _announce(self, agent: str, before: str | None, status: str, action: str,
+                  extra: dict[str, Any] | None) -> None:
+        """A stored transition's log line and its status listener (webhooks)."""
         if self.deps.on_status is not None and before != status:
             try:  # a status change stands whatever its listener does
-                self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})
+                self.deps.on_status(self.tenant, self.session_id, agent, before, status, action, extra or {})
             except Exception:
                 log.exception("status change listener failed", extra={"sessionId": self.session_id})
         log.info("session %s", action, extra={"sessionId": self.session_id, "tenant": self.tenant,
                                                "status": status})
-        return row
+
+    def _after_answer(self, fn: Callable[..., None], *args: Any) -> None:
+        """Bookkeeping the answer need not wait for (a log line, a metric, a webhook's hand-over).
+        Handled on the loop (`_inline.py`), it runs as the loop's next callback: after the response
+        is written, before the next request is read. On this actor's thread, at once (a callback
+        there would wake the loop a second time)."""
+        if asyncio._get_running_loop() is self.deps.loop:
+            self.deps.loop.call_soon(fn, *args)
+        else:
+            fn(*args)
 
     def _fail(self, reason: str) -> Stage[None]:
         try:

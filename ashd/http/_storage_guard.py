@@ -38,4 +38,4 @@ def guard_storage(request: web.Request) -> None:
     if request.method in _ADDS_DATA and request.path.startswith("/api/") and not _EXEMPT.match(request.path):
         space = request.app[COMPONENTS].data_space
         if space is not None:
-            space.require_room(_what(request.path))
+            space.require_room(lambda: _what(request.path))  # matched only for a refusal's message

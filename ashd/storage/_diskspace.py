@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +68,13 @@ class DataDirSpace:
         else:
             log.info("data disk has room again (%s free)", _mib(free), extra=extra)
 
-    def require_room(self, what: str) -> None:
-        """Refuse `what` (a phrase: "a new session", ...) with 507 while below the reserve."""
+    def require_room(self, what: str | Callable[[], str]) -> None:
+        """Refuse `what` (a phrase: "a new session", ..., or what makes it, called only to refuse)
+        with 507 while below the reserve."""
         space = self.measure()
         if space.state == "full":
+            if callable(what):
+                what = what()
             raise StorageFull(
                 f"The server's data disk is nearly full ({_mib(space.free_bytes)} free, "
                 f"{_mib(self.min_free)} kept in reserve for work under way), so {what} is refused. "

@@ -13,7 +13,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Insert, Integer, Select, Table, Update, and_, bindparam, delete, insert, or_, select, update
+from sqlalchemy import (
+    Insert,
+    Integer,
+    Select,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as SyncSession
 
@@ -69,11 +83,16 @@ LIVE_STATUSES = ("active", "starting")
 
 
 @functools.lru_cache(maxsize=64)
-def _transition_update(columns: tuple[str, ...], fenced: bool) -> Update:
+def _transition_update(columns: tuple[str, ...], fenced: bool, agent_checked: bool = False) -> Update:
     """A transition's UPDATE, built once per set of columns it sets: building and coercing the
-    statement, and its cache key, cost more than SQLite takes to run it (docs/performance.md)."""
+    statement, and its cache key, cost more than SQLite takes to run it (docs/performance.md).
+    `agent_checked`: it changes nothing unless the session's agent exists (a warm resume's check,
+    in the same statement rather than one of its own before it)."""
     c = _SESSIONS.c
     statement = update(_SESSIONS).where(c.id == bindparam("_id"))
+    if agent_checked:
+        statement = statement.where(exists().where(_AGENTS.c.tenant_id == bindparam("_tenant"),
+                                                   _AGENTS.c.name == bindparam("_agent")))
     if fenced:  # the statuses as literals, not an IN list: one SQL string, compiled once (`_direct.py`)
         statement = statement.where(or_(c.runner_id == bindparam("_fence"), c.runner_id.is_(None),
                                         and_(*(c.status != status for status in LIVE_STATUSES))))
@@ -278,17 +297,19 @@ class Sessions:
         if self.owner_id and values.get("sandbox_id"):
             values["owner_id"] = self.owner_id  # this process claimed a sandbox for it: its sweep's now
 
-        statement = _transition_update(tuple(sorted(values)), fence is not None)
+        statement = _transition_update(tuple(sorted(values)), fence is not None, agent is not None)
         params = {"_id": session_id, "_fence": fence, "_status": status, "_now": now, "_size": _size(data),
                   **{f"_v_{name}": value for name, value in values.items()}}
         if fence is None:
             del params["_fence"]
+        if agent is not None:
+            params.update(_tenant=tenant, _agent=agent)
 
         def run(x: Statements) -> Session:
-            if agent is not None and not x.rows(_AGENT_EXISTS, {"_tenant": tenant, "_agent": agent}):
-                raise NotFound(f"Agent {agent} not found")
             updated = x.rows(statement, params)
-            if not updated:
+            if not updated:  # why not, in the order a caller should hear it
+                if agent is not None and not x.rows(_AGENT_EXISTS, {"_tenant": tenant, "_agent": agent}):
+                    raise NotFound(f"Agent {agent} not found")
                 holder = x.rows(_SESSION_HOLDER, {"_id": session_id})
                 if not holder:
                     raise NotFound(f"Session {session_id} not found")
