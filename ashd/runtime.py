@@ -167,7 +167,8 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     settings = parts.settings
     launcher = await _start_launcher(settings, stops)
     board = SnapshotBoard()
-    activity = Activity()  # the front end's requests in flight: what can wait, waits for a quiet moment
+    # The front end's requests in flight: what can wait, waits for a quiet moment, which the loop says.
+    activity = Activity(loop=asyncio.get_running_loop())
     if parts.db.sqlite_file is not None:  # SQLite's checkpoints in quiet moments, not in a request's commit
         checkpoints = WalCheckpointer(parts.db.sqlite_file, activity.quiet)
         checkpoints.start()

@@ -2,8 +2,9 @@
 
 Any thread adds to it directly: a message to the snapshot actor would wake that actor's thread
 beside the answer that owes the snapshot (0.2 ms of a pause's, measured; docs/performance.md, sixth
-pass). A thread of its own waits for the front end to be quiet (`Activity`: no request in flight
-for a moment, at most 0.1 s) and then tells the actor to take what is owed. The actor also takes
+pass). Once the front end is quiet (`Activity`: no request in flight for a moment, at most 0.1 s)
+the actor is told to take what is owed: by the loop itself when the Activity is bound to it (no
+thread wakes before then), else by a thread of its own that waits for it. The actor also takes
 what a session owes before anything else it does about that session (a read, a restore, a newer
 snapshot), so nothing is ever answered from an older snapshot than the one owed.
 """
@@ -38,6 +39,7 @@ class OwedSnapshots:
         self._signal = threading.Event()
         self._stopping = threading.Event()
         self._waiter: threading.Thread | None = None
+        self._asked = False  # the loop was asked to tell the actor in the next quiet moment
         self._ref: pykka.ActorRef[Any] | None = None
 
     def attach(self, ref: pykka.ActorRef[Any]) -> None:
@@ -54,18 +56,34 @@ class OwedSnapshots:
         """Owe a snapshot of `workspace` for `session_id` (the newest replaces one owed before; what
         waited for that one waits for this one); `taken` is told its outcome. Without an Activity the
         actor is told at once (`tell=False`: the actor itself, which takes it there and then)."""
+        activity = self._activity
+        ask = False
         with self._lock:
             owed = self._owed.get(session_id)
             waiting = (owed[1] if owed is not None else []) + ([taken] if taken is not None else [])
             self._owed[session_id] = (workspace, waiting)
-            if self._activity is not None and self._waiter is None and not self._stopping.is_set():
+            if activity is not None and activity.bound:
+                ask, self._asked = not self._asked, True
+            elif activity is not None and self._waiter is None and not self._stopping.is_set():
                 self._waiter = threading.Thread(target=self._wait_for_quiet, name="snapshot-quiet", daemon=True)
                 self._waiter.start()
-        if self._activity is None:
+        if activity is None:
             if tell:
                 self._tell()  # nothing to wait for
-        else:
+        elif not activity.bound:
             self._signal.set()
+        elif ask:
+            try:
+                activity.when_quiet(self._quiet)
+            except RuntimeError:  # the loop is closed: the stopping actor takes what is owed
+                with self._lock:
+                    self._asked = False
+
+    def _quiet(self, _quiet: bool) -> None:  # on the loop, in a quiet moment (or at the bound)
+        with self._lock:
+            self._asked = False
+        if not self._stopping.is_set():
+            self._tell()
 
     def pop(self, session_id: str) -> Owed | None:
         with self._lock:

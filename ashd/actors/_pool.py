@@ -139,7 +139,7 @@ class PoolActor(AioActor):
 
     def on_stop(self) -> None:
         self._stopping.set()
-        self._hurry.set()
+        self._hurry_spare()
         entries = list(self._entries.values())
         self._entries.clear()
         self._publish()
@@ -197,7 +197,7 @@ class PoolActor(AioActor):
                 self._publish()
                 self._refill_later()
                 return self._handle(starting, prewarmed=False)
-        self._hurry.set()
+        self._hurry_spare()
         self._make_room()
         # Launched off this thread: a claim that is counted (capacity) and assigned at once, as a
         # warming sandbox of its session, which waits for `Launching.handle`.
@@ -551,6 +551,12 @@ class PoolActor(AioActor):
             entry = self._new_entry(network=False)
             entry.starting = self._starter.submit(self._start_spare, entry)
             spare += 1
+
+    def _hurry_spare(self) -> None:
+        """A spare waiting for a quiet moment starts now (a claim found none; the pool stops)."""
+        self._hurry.set()
+        if self._activity is not None:
+            self._activity.wake()
 
     def _start_spare(self, entry: _Entry) -> Any:
         """Starter thread: a pre-warmed sandbox made off the actor, then handed back (`_started`)."""

@@ -182,7 +182,7 @@ async def test_a_pause_snapshot_waits_for_a_quiet_moment_but_never_behind_a_read
     """`snapshot_soon` (a pause's): not taken while requests are in flight; taken at once when
     anything else about that session is asked first (a read sees it, a restore restores it); taken
     when the front end goes quiet; dropped by a delete; taken by a stopping actor."""
-    activity = Activity(quiet_s=0.005, at_most_s=3600)  # only quiet counts here, never the bound
+    activity = Activity(quiet_s=0.005, at_most_s=3600, loop=asyncio.get_running_loop())  # never the bound
     data = tmp_path / "data"
     ref = SnapshotActor.start(data / "snapshots", keep=5, owed=OwedSnapshots(activity))
     actor = snapshot_proxy(ref)
@@ -238,7 +238,7 @@ async def test_a_snapshot_owed_from_another_thread_is_taken_in_the_next_quiet_mo
     with a future that is told when it is stored."""
     import concurrent.futures
 
-    activity = Activity(quiet_s=0.005, at_most_s=3600)
+    activity = Activity(quiet_s=0.005, at_most_s=3600, loop=asyncio.get_running_loop())
     owed = OwedSnapshots(activity)
     data = tmp_path / "data"
     ref = SnapshotActor.start(data / "snapshots", keep=5, owed=owed)

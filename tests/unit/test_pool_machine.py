@@ -881,3 +881,34 @@ def test_a_claim_that_finds_no_spare_hurries_the_waiting_one(make_pool: Callable
     pool.ready(fresh)
     pool.wait_counts({"waiting": 2, "warm": 1})  # still busy: the spare did not wait the 60 s
     assert pool.launcher.launches == 3
+
+
+def _on(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any]) -> None:
+    asyncio.run_coroutine_threadsafe(_call(fn), loop).result(10)
+
+
+async def _call(fn: Callable[[], Any]) -> None:
+    fn()
+
+
+def test_bound_to_the_loop_a_spare_waits_for_quiet_and_is_hurried_by_a_claim_without_one(
+        make_pool: Callable[..., Pool], loop_thread: asyncio.AbstractEventLoop) -> None:
+    """As the server runs it: the loop says when it is quiet, and the starter thread sleeps till then."""
+    activity = Activity(quiet_s=0.01, at_most_s=60.0, loop=loop_thread)
+    pool = make_pool(prewarm=1, activity=activity)
+    pool.wait_counts({"warm": 1})
+    _on(loop_thread, activity.begin)
+    pool.ready(pool.claim("t", "s1"))
+    time.sleep(0.3)
+    assert pool.launcher.launches == 1 and pool.counts() == {"waiting": 1, "cold": 1}  # busy: it waits
+    _on(loop_thread, activity.end)
+    pool.wait_counts({"waiting": 1, "warm": 1})  # quiet: started
+    assert pool.launcher.launches == 2
+
+    _on(loop_thread, activity.begin)
+    pool.ready(pool.claim("t", "s2"))  # takes the spare; its replacement waits for quiet
+    fresh = pool.claim("t", "s3")  # none left: launched for it, and the waiting spare goes now
+    assert not fresh.prewarmed
+    pool.ready(fresh)
+    pool.wait_counts({"waiting": 3, "warm": 1})  # still busy: the spare did not wait the 60 s
+    _on(loop_thread, activity.end)

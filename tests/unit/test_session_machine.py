@@ -734,7 +734,7 @@ async def test_a_workspace_over_the_snapshot_limit_refuses_a_stop_but_not_a_dele
 
 async def test_a_delete_answers_before_its_final_snapshot_and_keeps_the_sandbox_until_it_is_stored(
         short_tmp: Path) -> None:
-    activity = Activity(quiet_s=0.005, at_most_s=3600)  # only a quiet moment lets the snapshot go
+    activity = Activity(quiet_s=0.005, at_most_s=3600, loop=asyncio.get_running_loop())  # only quiet lets it go
     async with open_machine(short_tmp, snapshots=True, activity=activity) as machine:
         sid, _ = await machine.create()
         await machine.run(sid, "sh", "-c", "echo final > last.txt")
