@@ -93,7 +93,10 @@ async def ashd_server(model_url: str, prewarm: int,
            "SERVICE_RATE_LIMIT_BURST": "100000", "SERVICE_LOG_LEVEL": "warning", "SERVICE_MAX_SANDBOXES": "64",
            "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "bench-key",
            "SERVICE_MODEL_RATE_PER_MINUTE": "1000000", "SERVICE_MODEL_RATE_BURST": "100000", **(extra_env or {})}
-    proc = subprocess.Popen([PY, "-m", "ashd", "serve"], env=env, stdout=subprocess.DEVNULL,
+    # `-m` puts the working directory first on sys.path: run from the data dir, so that the ashd
+    # served is the installed one (this checkout's, in its editable venv) or what PYTHONPATH names
+    # (`bench_ab.py`), never a checkout that happens to be the caller's working directory.
+    proc = subprocess.Popen([PY, "-m", "ashd", "serve"], env=env, cwd=data, stdout=subprocess.DEVNULL,
                             stderr=open(data / "server.log", "wb"))  # noqa: SIM115
     try:
         url = f"http://127.0.0.1:{port}"
