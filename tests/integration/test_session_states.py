@@ -258,6 +258,26 @@ async def test_a_warm_resume_after_its_agent_was_deleted_is_404_and_the_session_
     assert body["session"]["status"] == "active"
 
 
+async def test_a_warm_resumes_count_and_line_are_there_for_the_very_next_request(
+        sapi: Api, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """A transition handled on the loop does its bookkeeping after its answer is written
+    (`SessionActor._after_answer`), but before the next request is read: a monitor that reads
+    /metrics and /health right after a resume finds it counted."""
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    for round_ in range(1, 4):
+        status, _ = await sapi.call("POST", f"/api/sessions/{sid}/pause")
+        assert status == 200
+        before = _metric(await (await sapi.client.get("/metrics")).text(), "warm")
+        status, body = await sapi.call("POST", f"/api/sessions/{sid}/resume")
+        assert status == 200 and body["session"]["status"] == "active"
+        assert _metric(await (await sapi.client.get("/metrics")).text(), "warm") == before + 1
+        health = await (await sapi.client.get("/health")).json()
+        assert health["pool"]["resumeWarmHits"] == round_
+        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"resume_hit"' in line]
+        assert [(x["path"], x["sessionId"]) for x in lines] == [("warm", sid)]
+
+
 async def test_pauses_resumes_and_messages_at_once_keep_one_order(sapi: Api) -> None:  # noqa: F811
     """Requests sent together to one session, most of them handled on the loop while its actor is
     idle and the rest through its inbox (`actors/_inline.py`): every answer agrees with the status it
