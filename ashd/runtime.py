@@ -338,7 +338,7 @@ def _session_deps(parts: StorageParts, sessions: Sessions, pool: Any, snapshots:
         if webhooks.store.known_unheard(tenant, STATUS_CHANGED):
             return  # no hook listens: no wake-up of the loop beside the transition's answer
         loop.call_soon_threadsafe(webhooks.emit_soon, tenant, STATUS_CHANGED,
-                                  status_event(session_id, agent, before, after, action, extra))
+                                  status_event(session_id, agent, before, after, action, extra), utcnow())
 
     def decrypt_env(blob: bytes | None, session_id: str) -> dict[str, str]:
         value = parts.cipher.decrypt_json(blob, session_id.encode()) if blob else None

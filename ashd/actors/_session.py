@@ -670,22 +670,22 @@ class SessionActor(StagedActor):
             self.row = None  # the next request reads the row as it is
             yield from self._drop_sandbox()
             raise
-        self._after_answer(self._announce, row.agent_name, before, status, action, extra)
-        return row
-
-    def _announce(self, agent: str, before: str | None, status: str, action: str,
-                  extra: dict[str, Any] | None) -> None:
-        """A stored transition's log line and its status listener (webhooks)."""
         if self.deps.on_status is not None and before != status:
+            # At once, not after the answer: the hooks that hear it are those there when it happened,
+            # not one its client adds the moment the answer arrives.
             try:  # a status change stands whatever its listener does
-                self.deps.on_status(self.tenant, self.session_id, agent, before, status, action, extra or {})
+                self.deps.on_status(self.tenant, self.session_id, row.agent_name, before, status, action, extra or {})
             except Exception:
                 log.exception("status change listener failed", extra={"sessionId": self.session_id})
+        self._after_answer(self._log_transition, action, status)
+        return row
+
+    def _log_transition(self, action: str, status: str) -> None:
         log.info("session %s", action, extra={"sessionId": self.session_id, "tenant": self.tenant,
                                                "status": status})
 
     def _after_answer(self, fn: Callable[..., None], *args: Any) -> None:
-        """Bookkeeping the answer need not wait for (a log line, a metric, a webhook's hand-over).
+        """Bookkeeping the answer need not wait for (a log line, a metric).
         Handled on the loop (`_inline.py`), it runs as the loop's next callback: after the response
         is written, before the next request is read. On this actor's thread, at once (a callback
         there would wake the loop a second time)."""

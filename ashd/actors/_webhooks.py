@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import hashlib
 import hmac
 import logging
@@ -62,11 +63,13 @@ class WebhookDispatcher:
         self._closing = False
 
     # --- events --------------------------------------------------------------------------------
-    async def emit(self, tenant: str, event: str, data: dict[str, Any]) -> list[str]:
-        """Store one delivery per subscribed hook and wake the loop; never raises (an event that
-        cannot be stored is logged, and the caller, a turn or a status change, goes on)."""
+    async def emit(self, tenant: str, event: str, data: dict[str, Any],
+                   occurred_at: dt.datetime | None = None) -> list[str]:
+        """Store one delivery per hook subscribed when the event happened (`occurred_at`, default
+        now) and wake the loop; never raises (an event that cannot be stored is logged, and the
+        caller, a turn or a status change, goes on)."""
         try:
-            ids = await self.store.enqueue(tenant, event, data)
+            ids = await self.store.enqueue(tenant, event, data, occurred_at=occurred_at or utcnow())
         except Exception:
             log.exception("webhook event could not be stored", extra={"tenant": tenant, "event": event})
             return []
@@ -74,12 +77,15 @@ class WebhookDispatcher:
             self._wake.set()
         return ids
 
-    def emit_soon(self, tenant: str, event: str, data: dict[str, Any]) -> None:
-        """`emit` in a task of its own (from code on the event loop that must not wait for it)."""
-        self._track(asyncio.ensure_future(self._emit_quietly(tenant, event, data)))
+    def emit_soon(self, tenant: str, event: str, data: dict[str, Any],
+                  occurred_at: dt.datetime | None = None) -> None:
+        """`emit` in a task of its own (from code on the event loop that must not wait for it); the
+        event happened now, or at `occurred_at` (a status change handed over from an actor's thread)."""
+        at = occurred_at or utcnow()
+        self._track(asyncio.ensure_future(self._emit_quietly(tenant, event, data, at)))
 
-    async def _emit_quietly(self, tenant: str, event: str, data: dict[str, Any]) -> None:
-        await self.emit(tenant, event, data)
+    async def _emit_quietly(self, tenant: str, event: str, data: dict[str, Any], at: dt.datetime) -> None:
+        await self.emit(tenant, event, data, at)
 
     async def queue_item_finished(self, tenant: str, *, item_id: str, status: str, session_id: str | None,
                                   agent_name: str | None, error: str | None = None, attempts: int | None = None,

@@ -138,27 +138,30 @@ class Webhooks:
 
     # --- the outbox ----------------------------------------------------------------------------
     async def enqueue(self, tenant: str, event: str, data: dict[str, Any], *,
-                      webhook_id: str | None = None) -> builtins.list[str]:
+                      webhook_id: str | None = None, occurred_at: dt.datetime | None = None) -> builtins.list[str]:
         """One pending delivery per enabled hook of `tenant` subscribed to `event` (or the one hook
-        named, whatever it subscribes to: a test delivery). Returns the delivery ids."""
+        named, whatever it subscribes to: a test delivery). Returns the delivery ids. `occurred_at`:
+        when the event happened; a hook created after it does not hear it (the event is stored a
+        moment later, and its client may have added a hook meanwhile)."""
         # Every session status change and every turn's end comes here, mostly for tenants with no
         # hook: answered from memory before anything is built (a query costs more than the rest).
         if webhook_id is None and (tenant, event) in self._unheard:
             return []
-        query = select(Webhook.id, Webhook.events).where(Webhook.tenant_id == tenant)
+        query = select(Webhook.id, Webhook.events, Webhook.created_at).where(Webhook.tenant_id == tenant)
         query = query.where(Webhook.id == webhook_id) if webhook_id else query.where(Webhook.enabled.is_(True))
         # A read answers the rest without taking SQLite's write lock, which the next transition (a
         # resume right after a pause) would otherwise wait for. A hook added between this read and an
         # event is a race either way.
         generation = self._generation
         listening = await self._db.run_read(lambda s: s.execute(query).all())
-        if not any(webhook_id or event in json.loads(events) for _, events in listening):
+        if not any(webhook_id or event in json.loads(events) for _, events, _ in listening):
             if webhook_id is None and self._cacheable and generation == self._generation:
                 self._unheard.add((tenant, event))
             return []
         async with self._db.tx() as s:
-            hooks = [hid for hid, events in (await s.execute(query)).all()
-                     if webhook_id or event in json.loads(events)]
+            hooks = [hid for hid, events, created in (await s.execute(query)).all()
+                     if webhook_id or (event in json.loads(events)
+                                       and (occurred_at is None or _utc(created) <= occurred_at))]
             now = utcnow()
             ids: builtins.list[str] = []
             for hook in hooks:
@@ -227,3 +230,8 @@ class Webhooks:
                                                           WebhookDelivery.status == "sending")
                             .values(status="pending", next_attempt_at=now, updated_at=now,
                                     attempts=WebhookDelivery.attempts - 1))
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """A stored time as an aware UTC datetime (what UTCDateTime gives; a naive one is UTC)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ashd.config import Settings
 from ashd.devtools.fake_model import FakeModel
-from ashd.storage import Session, Sessions, new_id
+from ashd.storage import Session, Sessions, new_id, utcnow
 from tests.conftest import Api, start_api
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.integration.test_sessions import create, deploy, send
@@ -379,6 +379,20 @@ async def test_a_hook_hears_the_status_changes_after_it_is_added_enabled_or_disa
     assert status in (200, 204)
     assert (await wapi.call("POST", f"/api/sessions/{sid}/pause"))[0] == 200
     assert len(await deliveries(wapi, other, "delivered")) == 1
+
+
+async def test_an_event_is_heard_by_the_hooks_there_when_it_happened(wapi: Api, receiver: Receiver) -> None:
+    """An event is stored a moment after it happens (a status change is handed from the session's
+    thread to the loop): a hook its client registers meanwhile does not hear it."""
+    components = wapi.server.components
+    assert components is not None
+    happened = utcnow()
+    hook, _ = await register(wapi, receiver.url, ["session.status_changed"])
+    data = {"sessionId": "s-1", "from": "active", "to": "paused"}
+    assert await components.webhooks.emit("default", "session.status_changed", data, happened) == []
+    assert len(await components.webhooks.emit("default", "session.status_changed", data, utcnow())) == 1
+    assert len(await components.webhooks.emit("default", "session.status_changed", data)) == 1  # now, by default
+    assert len(await deliveries(wapi, hook, "delivered")) == 2
 
 
 async def test_crud_tenants_and_strict_input(api: Api) -> None:
