@@ -10,18 +10,14 @@ partial file already removed), so one retry is made per step of room, not one pe
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ashd.storage import free_bytes
+
 POLL_S = 1.0
 STEP_BYTES = 1024 * 1024
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 class RoomWatch:

@@ -15,7 +15,7 @@ from ashd.storage._checkpoint import WalCheckpointer
 from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher, load_or_create_key
 from ashd.storage._database import Database
-from ashd.storage._diskspace import MIB, DataDirSpace, DiskSpace
+from ashd.storage._diskspace import MIB, DataDirSpace, DiskSpace, free_bytes
 from ashd.storage._failures import (
     is_no_space,
     log_failure,
@@ -165,6 +165,7 @@ __all__ = [
     "check_relative_path",
     "content_disposition",
     "delivery_json",
+    "free_bytes",
     "info_for",
     "is_alive",
     "is_no_space",

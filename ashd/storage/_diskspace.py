@@ -37,6 +37,15 @@ class DiskSpace:
                 "minFreeBytes": min_free, "warnFreeBytes": warn_free}
 
 
+def free_bytes(path: Path) -> int:
+    """Bytes free for an unprivileged writer on `path`'s filesystem."""
+    return _free(os.statvfs(path))
+
+
+def _free(st: os.statvfs_result) -> int:
+    return st.f_bavail * st.f_frsize
+
+
 def _mib(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
@@ -50,7 +59,7 @@ class DataDirSpace:
 
     def measure(self) -> DiskSpace:
         st = os.statvfs(self.path)
-        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        free, total = _free(st), st.f_blocks * st.f_frsize
         state = "full" if free < self.min_free else "low" if free < self.warn_free else "ok"
         if state != self._last_state:
             self._log_change(state, free)

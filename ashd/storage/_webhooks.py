@@ -150,8 +150,8 @@ class Webhooks:
         query = select(Webhook.id, Webhook.events, Webhook.created_at).where(Webhook.tenant_id == tenant)
         query = query.where(Webhook.id == webhook_id) if webhook_id else query.where(Webhook.enabled.is_(True))
         # A read answers the rest without taking SQLite's write lock, which the next transition (a
-        # resume right after a pause) would otherwise wait for. A hook added between this read and an
-        # event is a race either way.
+        # resume right after a pause) would otherwise wait for. A hook added after the event is left
+        # out below (`occurred_at`); whether there is one at all is decided on every hook.
         generation = self._generation
         listening = await self._db.run_read(lambda s: s.execute(query).all())
         if not any(webhook_id or event in json.loads(events) for _, events, _ in listening):
@@ -161,7 +161,7 @@ class Webhooks:
         async with self._db.tx() as s:
             hooks = [hid for hid, events, created in (await s.execute(query)).all()
                      if webhook_id or (event in json.loads(events)
-                                       and (occurred_at is None or _utc(created) <= occurred_at))]
+                                       and (occurred_at is None or created <= occurred_at))]
             now = utcnow()
             ids: builtins.list[str] = []
             for hook in hooks:
@@ -230,8 +230,3 @@ class Webhooks:
                                                           WebhookDelivery.status == "sending")
                             .values(status="pending", next_attempt_at=now, updated_at=now,
                                     attempts=WebhookDelivery.attempts - 1))
-
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    """A stored time as an aware UTC datetime (what UTCDateTime gives; a naive one is UTC)."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
