@@ -71,7 +71,7 @@ class SessionActor(StagedActor):
         self.session_id = session_id
         self.tenant = tenant
         self.row: Session | None = None
-        self._turn_since_row = False  # a turn ended since `row` was read (see `_fresh_row`)
+        self._turn_since_row = False  # a turn began or ended since `row` was read (see `_fresh_row`)
         self.handle: SandboxHandle | None = None
         self.conn: Any = None
         self.turn: TurnTicket | None = None
@@ -521,6 +521,7 @@ class SessionActor(StagedActor):
         assert self.handle is not None
         _, first_event = yield self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content,
                                                                   attachments, EVENT_BLOCK)
+        self._turn_since_row = True  # the user message moved lastActiveAt: a view reads the row again
         live_config, self._live_changes = self._live_changes, None
         self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                                "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),

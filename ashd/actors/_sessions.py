@@ -166,8 +166,11 @@ class SessionRegistry:
 
     async def _changed(self, session_id: str, fut: Any, timeout: float) -> dict[str, Any]:
         self._remember(session_id, None)
+        # Kept only if nothing else changed meanwhile: a turn that ended while this answer was on its
+        # way (a PATCH waiting behind it on the actor) stored a newer row than the one it shows.
+        epoch = self._epochs[session_id]
         view: dict[str, Any] = await call(fut, timeout)
-        self._remember(session_id, view)
+        self._remember(session_id, view, epoch)
         return view
 
     async def view(self, tenant: str, session_id: str) -> dict[str, Any]:

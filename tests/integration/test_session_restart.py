@@ -42,16 +42,18 @@ class Proc:
                     "SERVICE_PREWARM": "0", "ANTHROPIC_BASE_URL": fake_url, "ANTHROPIC_API_KEY": "x"}
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log: Path | None = None  # where the server's log lines go (appended), if anywhere
+        # Where the server's log lines go (appended): shown when it exits during a start.
+        self.log: Path = Path(settings.data_dir).parent / f"server-{self.port}.log"
 
     async def start(self) -> str:
-        with open(self.log, "ab") if self.log is not None else contextlib.nullcontext() as err:  # noqa: SIM115
+        with open(self.log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=self.env,
-                                         stdout=subprocess.DEVNULL, stderr=err or subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         async with asyncio.timeout(60), aiohttp.ClientSession() as http:
             while True:
-                assert self.proc.poll() is None, "the server exited during start"
+                if self.proc.poll() is not None:
+                    tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+                    raise AssertionError(f"the server exited during start ({self.proc.returncode}):\n{tail}")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(f"{self.url}/health") as resp:
                         if resp.status == 200:

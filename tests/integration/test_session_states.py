@@ -322,7 +322,7 @@ async def test_the_view_after_a_turn_is_the_stored_row_with_a_config_changed_dur
         sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
     # The session's actor keeps the row its turn's last batch returned rather than reading it again,
     # unless something else was stored about the session meanwhile (here a config change during the
-    # turn): either way, the view after the turn is the row as stored.
+    # turn): either way, the view after the turn is the row as stored, and during it too.
     await deploy(sapi)
     sid = (await create(sapi))["id"]
     services = sapi.server.components
@@ -337,9 +337,12 @@ async def test_the_view_after_a_turn_is_the_stored_row_with_a_config_changed_dur
         status, body = await sapi.call("GET", f"/api/sessions/{sid}")
         assert status == 200 and body["session"] == await stored()
 
+    before_turn = body["session"]["lastActiveAt"]
     fake_model.script("VIEW-SLOW", [{"content": [{"type": "text", "text": "slow"}], "wait": 0.6}])
     running = asyncio.create_task(send(sapi, sid, "VIEW-SLOW turn"))
     await asyncio.sleep(0.3)
+    status, body = await sapi.call("GET", f"/api/sessions/{sid}")  # mid-turn: the user message moved it
+    assert body["session"] == await stored() and body["session"]["lastActiveAt"] > before_turn
     status, body = await sapi.call("PATCH", f"/api/sessions/{sid}/config", json={"allowedTools": ["Read"]})
     assert status == 200, body
     status, frames = await running
@@ -349,5 +352,6 @@ async def test_the_view_after_a_turn_is_the_stored_row_with_a_config_changed_dur
     assert body["session"] == await stored()
     before = body["session"]["lastActiveAt"]
     status, frames = await send(sapi, sid, "after the change")
+    assert status == 200 and frames[-1].event == "done", (status, frames)
     status, body = await sapi.call("GET", f"/api/sessions/{sid}")
     assert body["session"]["lastActiveAt"] > before and body["session"] == await stored()

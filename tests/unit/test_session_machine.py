@@ -31,7 +31,7 @@ from ashd.actors._pool_types import LossReason, SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SessionDeps
 from ashd.actors._session_logs import LogTails
-from ashd.actors._sessions import outcome_of
+from ashd.actors._sessions import SessionRegistry, outcome_of
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
 from ashd.actors._warmer import Warmer
 from ashd.devtools.fake_model import FakeModel
@@ -44,7 +44,7 @@ from ashd.storage._credentials import Credentials
 from ashd.storage._crypto import Cipher
 from ashd.storage._models import Agent, Session, iso, new_id
 from ashd.storage._session_logs import SessionLogs
-from ashd.storage._sessions import Sessions
+from ashd.storage._sessions import Sessions, session_json
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.fixtures.plain_launcher import PlainLauncher
 from tests.fixtures.sandboxes import wait_for
@@ -63,7 +63,8 @@ class StallingSessions(Sessions):
         self.stalled: dict[str, asyncio.Event] = {}  # set once a call for the session waits at its gate
 
     def stall(self, sid: str, call: str = "transition") -> asyncio.Event:
-        """Hold the session's `call`s (transition, insert, all_message_contents) until the returned gate is set."""
+        """Hold the session's `call`s (transition, insert, all_message_contents, update_config after
+        its write) until the returned gate is set."""
         self.stalled[sid] = asyncio.Event()
         self.gates[(sid, call)] = asyncio.Event()
         return self.gates[(sid, call)]
@@ -92,6 +93,12 @@ class StallingSessions(Sessions):
     async def all_message_contents(self, session_id: str) -> list[dict[str, Any]]:
         await self._gate(session_id, "all_message_contents")
         return await super().all_message_contents(session_id)
+
+    async def update_config(self, session_id: str, *args: Any) -> Session:
+        # Held after the write: the row it answers is already stored when the gate opens.
+        row = await super().update_config(session_id, *args)
+        await self._gate(session_id, "update_config")
+        return row
 
 
 class StallingLogs(SessionLogs):
@@ -973,13 +980,44 @@ async def test_a_turn_ticket_names_the_session_sandbox_and_model(machine: Machin
     assert ticket.model == "message-model"
 
 
-async def test_a_view_after_a_turn_shows_its_last_activity(machine: Machine) -> None:
+async def test_a_view_during_and_after_a_turn_shows_its_last_activity(machine: Machine) -> None:
     sid, _ = await machine.create()
+    created = await machine.row(sid)
     ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    stored = await machine.row(sid)  # the user message moved it
+    assert stored.last_active_at != created.last_active_at
+    assert await machine.ask(sid, "view") == session_json(stored)
     await machine.ask(sid, "end_turn", ticket.query_id)
     stored = await machine.row(sid)
     assert stored.last_active_at is not None
     assert (await machine.ask(sid, "view"))["lastActiveAt"] == iso(stored.last_active_at)
+
+
+async def test_the_registry_keeps_no_view_answered_before_a_turn_that_ended_meanwhile(machine: Machine) -> None:
+    # A PATCH's answer shows the row its write returned. A turn that ended while that answer was on
+    # its way stored more (lastActiveAt, the counts): the registry must not keep the older view for GET.
+    assert machine.deps is not None
+    registry = SessionRegistry(machine.deps)
+    try:
+        sid = new_id()
+        await registry.create(CreateRequest(sid, TENANT, "helper", None, {}, agent=machine.agents["helper"]),
+                              encrypted_env=None)
+        ticket = await registry.begin_turn(TENANT, sid, "hello", None)
+        gate = machine.sessions.stall(sid, "update_config")
+        patch = asyncio.ensure_future(registry.configure(TENANT, sid, {"allowedTools": ["Read"]}))
+        await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)  # its row is stored and read
+        await machine.sessions.store_turn_batch(sid, TENANT, [("assistant", '{"type":"assistant"}')], [])
+        ending = asyncio.ensure_future(registry.end_turn_now(ticket))  # queued behind the PATCH
+        await asyncio.sleep(0.05)
+        gate.set()
+        patched = await asyncio.wait_for(patch, T)
+        await asyncio.wait_for(ending, T)
+        stored = await machine.row(sid)
+        assert patched["allowedTools"] == ["Read"] and patched["lastActiveAt"] != iso(stored.last_active_at)
+        view = await registry.view(TENANT, sid)
+        assert view["lastActiveAt"] == iso(stored.last_active_at) and view == session_json(stored)
+    finally:
+        await registry.stop_all()
 
 
 async def test_commands_need_an_active_session_and_bring_a_dead_sandbox_back(machine: Machine) -> None:
