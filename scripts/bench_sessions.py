@@ -8,7 +8,7 @@ without a warm sandbox, the server CPU time per streamed frame, frames per secon
 server with N concurrent sessions, and the memory held by a stalled stream. Everything runs on
 loopback, the server as a separate process, and stops by itself.
 
-    .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8]
+    .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8] [--stalled 32]
     .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--n 30]
 
 `--compare` runs the table's rows against another server of this interface in the same run,
@@ -270,6 +270,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--stalled", type=int, default=32, help="streams held stalled at once for the memory row")
     parser.add_argument("--frames", type=int, default=2000, help="text deltas per streamed turn")
     parser.add_argument("--compare", nargs=2, metavar=("URL", "KEY"),
                         help="also run the table's rows against this server, interleaved")
@@ -325,13 +326,16 @@ async def main() -> None:
             wall = time.perf_counter() - t0
             print(f"{'throughput, ' + str(len(sids)) + ' concurrent sessions':<42} "
                   f"{sum(counts) / wall:8,.0f} frames/s  ({sum(counts)} frames in {wall:.2f} s)")
-            await stalled_stream(url, key, sids, proc)
+            sids += [(await c.call("POST", "/api/sessions", {"agent": "bench"}))["session"]["id"]
+                     for _ in range(max(0, args.stalled - len(sids)))]
+            await stalled_stream(url, key, sids[:max(1, args.stalled)], proc)
 
 
 async def stalled_stream(url: str, key: str, sids: list[str], proc: psutil.Process) -> None:
     """Clients that read the headers and then nothing: what the server holds for each. One stream's
     growth of the server's RSS is within the allocator's noise (a few hundred KiB either way between
-    runs), so one stalled stream per session is held at once and the growth is divided among them."""
+    runs, seen up to 1.5 MiB), so one stalled stream per session is held at once (32 by default) and
+    the growth is divided among them."""
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"content": "bench-long", "includePartialMessages": True}).encode()
     rss0 = proc.memory_info().rss
