@@ -13,17 +13,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import errno
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from ashd.actors._aio import Later, spawn_on_loop
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
-from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
+from ashd.actors._session_deps import CreateRequest, SendQuery, SessionDeps, TurnTicket
 from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
 from ashd.actors._turn import EVENT_BLOCK
 from ashd.errors import (
@@ -502,8 +503,8 @@ class SessionActor(StagedActor):
 
     # --- turns ---------------------------------------------------------------------------------
     @staged
-    def begin_turn(self, content: Any, model: str | None,
-                   attachments: Sequence[dict[str, Any]] = ()) -> Stage[TurnTicket]:
+    def begin_turn(self, content: Any, model: str | None, attachments: Sequence[dict[str, Any]] = (),
+                   send_query: SendQuery | None = None) -> Stage[TurnTicket]:
         row = yield from self._shared_row()
         if row.status == "ended":  # resume answers 410 for it: point at what works
             raise BadRequest("Session is ended; create a new session")
@@ -519,15 +520,36 @@ class SessionActor(StagedActor):
                 yield from self._replace_lost_sandbox()
                 self._hold_sandbox()
         assert self.handle is not None
-        _, first_event = yield self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content,
-                                                                  attachments, EVENT_BLOCK)
-        self._turn_since_row = True  # the user message moved lastActiveAt: a view reads the row again
         live_config, self._live_changes = self._live_changes, None
-        self.turn = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
-                               "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
-                               meter=self.handle.meter,
-                               cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None,
-                               live_config=live_config, first_event=first_event)
+        ticket = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
+                            "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
+                            meter=self.handle.meter,
+                            cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None,
+                            live_config=live_config)
+        withdraw: Callable[[], Coroutine[Any, Any, None]] | None = None
+
+        def send_first() -> None:
+            nonlocal withdraw
+            assert send_query is not None
+            withdraw = send_query(ticket)
+
+        # The query goes first where the prompt's transaction runs here on the loop, where the bridge
+        # connection lives: nothing else runs on the loop until it committed or failed, so no model
+        # call is admitted before the prompt is stored, and a failure withdraws the query first.
+        here = send_query is not None and _on_loop(self.deps.loop)
+        try:
+            _, first_event = yield self.deps.sessions.begin_turn_soon(
+                self.session_id, self.tenant, content, attachments, EVENT_BLOCK, before=send_first if here else None)
+        except Exception:
+            if self._live_changes is None:  # the next turn takes them
+                self._live_changes = live_config
+            if self._execs == 0:  # no turn holds the sandbox
+                self._let_sandbox_wait()
+            if withdraw is not None:
+                yield withdraw()  # the engine leaves the query out of its conversation
+            raise
+        self._turn_since_row = True  # the user message moved lastActiveAt: a view reads the row again
+        self.turn = dataclasses.replace(ticket, first_event=first_event, sent=withdraw is not None)
         return self.turn
 
     # --- live config ---------------------------------------------------------------------------
@@ -858,3 +880,11 @@ def _config(row: Session) -> dict[str, Any]:
 
     value = json.loads(row.config or "{}")
     return value if isinstance(value, dict) else {}
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs `loop` now (a request handled inline, `_inline.py`)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

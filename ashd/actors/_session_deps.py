@@ -70,6 +70,14 @@ class CreateRequest:
     agent: Any = None  # the AgentView resolved when the request was checked; resolved again if None
 
 
+# Sends a turn's query to the bridge at once, before its prompt is stored, on the loop's thread
+# inside the prompt's own transaction (`SessionActor.begin_turn`): the bridge works on it while the
+# transaction commits, and the model proxy admits the turn's calls. Gives what withdraws it, should
+# the transaction fail (it refuses the model calls at once, and its coroutine tells the bridge), or
+# None where the query was not sent (the turn sends it as usual).
+SendQuery = Callable[["TurnTicket"], Callable[[], Coroutine[Any, Any, None]] | None]
+
+
 @dataclass(frozen=True)
 class TurnTicket:
     """Handed to the stream handler when a turn may start."""
@@ -88,6 +96,9 @@ class TurnTicket:
     live_config: dict[str, Any] | None = None
     # The first of the event ids reserved with the user message (`EVENT_BLOCK` of them), or None.
     first_event: int | None = None
+    # The query went to the bridge while the prompt was being stored (`SendQuery`): the turn reads
+    # its frames and does not send it again.
+    sent: bool = False
 
     def compute_seconds(self) -> float:
         """CPU time the sandbox used during the turn (every process in it, tools included); the

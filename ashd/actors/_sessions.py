@@ -22,7 +22,7 @@ from ashd.actors._aio import Asker, Later, call
 from ashd.actors._inline import try_inline
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
-from ashd.actors._session_deps import CreateRequest, SessionDeps, TurnTicket
+from ashd.actors._session_deps import CreateRequest, SendQuery, SessionDeps, TurnTicket
 from ashd.errors import Conflict, SandboxError, Unavailable
 from ashd.storage import AgentFile, Session, new_id, write_files
 
@@ -261,10 +261,13 @@ class SessionRegistry:
         return await call((await self._actor(tenant, session_id)).interrupt(), self.timeout)
 
     async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None,
-                         attachments: Sequence[dict[str, Any]] = ()) -> TurnTicket:
+                         attachments: Sequence[dict[str, Any]] = (), send_query: SendQuery | None = None,
+                         ) -> TurnTicket:
+        """`send_query`: sends the turn's query while its prompt is stored, where the turn starts on
+        the loop (`SessionActor.begin_turn`); the ticket says whether it did (`sent`)."""
         proxy = await self._actor(tenant, session_id)
         # lastActiveAt moves with the user message: `_inline` forgets the cached view first.
-        return await call(self._inline(session_id, "begin_turn", content, model, attachments)
+        return await call(self._inline(session_id, "begin_turn", content, model, attachments, send_query)
                           or proxy.begin_turn(content, model, attachments), self.timeout + self.deps.init_timeout)
 
     def end_turn(self, ticket: TurnTicket) -> None:

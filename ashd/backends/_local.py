@@ -109,7 +109,8 @@ class LocalBackend:
         records: list[dict[str, Any]] = []
         if message.attachments:
             message, records = await self._attach(tenant, session_id, message)
-        ticket = await self._registry.begin_turn(tenant, session_id, stored, message.model, records)
+        ticket = await self._registry.begin_turn(tenant, session_id, stored, message.model, records,
+                                                 self._driver.send_query(message))
         lookup_ms = (time.monotonic() - t0) * 1000
         stream = TurnStream()
         # The turn runs in its own task: a reader that goes away (the server may cancel its

@@ -11,11 +11,12 @@ from ashd.storage import ModelCallRecord
 
 
 class ModelTurn:
-    def __init__(self, proxy: Any, ticket: TurnTicket, budget_usd: float | None) -> None:
+    def __init__(self, proxy: Any, ticket: TurnTicket, budget_usd: float | None, *, begun: bool = False) -> None:
+        """`begun`: another ModelTurn opened the turn already (`TurnDriver.send_query`)."""
         self._proxy = proxy
         self._ticket = ticket
         self._summary: TurnSummary | None = None
-        if proxy is not None:
+        if proxy is not None and not begun:
             # Calls are allowed from now on, for the turn's model and within its maxBudgetUsd.
             proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, budget_usd)
 

@@ -12,11 +12,11 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ashd.actors import TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket
+from ashd.actors import SendQuery, TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket
 from ashd.backends._model_turn import ModelTurn
 from ashd.backends._protocol import Message
 from ashd.errors import SandboxError, StorageError
@@ -46,6 +46,29 @@ class TurnDriver:
     # is made only for a tenant with a hook that listens.
     on_completed: Callable[[str, Callable[[], dict[str, Any]]], None] | None = None
 
+    def send_query(self, message: Message) -> SendQuery:
+        """What sends a turn's query with its start (`SendQuery`): the model proxy admits the turn's
+        calls, and the query goes to the bridge, at once; `run` then only reads its frames."""
+
+        def send(ticket: TurnTicket) -> Callable[[], Coroutine[Any, Any, None]] | None:
+            if not ticket.connection.start_query(message.content, **self._query_fields(ticket, message)):
+                return None
+            model_turn = ModelTurn(self.model_proxy, ticket, message.max_budget_usd)
+
+            def withdraw() -> Coroutine[Any, Any, None]:
+                model_turn.end()  # no call is admitted from now on
+                return ticket.connection.withdraw(ticket.query_id)  # type: ignore[no-any-return]
+
+            return withdraw
+
+        return send
+
+    @staticmethod
+    def _query_fields(ticket: TurnTicket, message: Message) -> dict[str, Any]:
+        return {"model": ticket.model, "include_partial_messages": message.include_partial_messages,
+                "query_id": ticket.query_id, "maxBudgetUsd": message.max_budget_usd,
+                "config": ticket.live_config, **message.options}
+
     async def run(self, ticket: TurnTicket, message: Message, sink: FrameSink, lookup_ms: float,
                   ended: Callable[[TurnTicket, Session | None], Awaitable[None]] | None = None) -> None:
         """Drive one turn to the end whatever the reader does; stored before `done` is sent, and
@@ -69,13 +92,11 @@ class TurnDriver:
             count += sum(1 for n in notices if n.new)
             return [n.to_json() for n in notices]
 
-        model_turn = ModelTurn(self.model_proxy, ticket, message.max_budget_usd)
+        # A query sent with the turn's start (`send_query`) has its calls admitted already.
+        model_turn = ModelTurn(self.model_proxy, ticket, message.max_budget_usd, begun=ticket.sent)
         try:
-            frames = ticket.connection.query(message.content, model=ticket.model,
-                                             include_partial_messages=message.include_partial_messages,
-                                             query_id=ticket.query_id, on_limits_check=limits_check,
-                                             maxBudgetUsd=message.max_budget_usd,
-                                             config=ticket.live_config, **message.options)
+            frames = ticket.connection.query(message.content, on_limits_check=limits_check, sent=ticket.sent,
+                                             **self._query_fields(ticket, message))
             # Closed here, not when the collector finds it: no finaliser task, and the query's
             # routing entry goes at once.
             async with contextlib.aclosing(frames):

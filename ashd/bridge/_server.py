@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from ashd import __version__
 from ashd.bridge import protocol as p
 from ashd.bridge._exec import run_exec
 from ashd.bridge._setup import SetupFailed, mark_setup_done, run_setup
-from ashd.bridge.engine import AnyEngine, EngineConfig, EngineError, QueryOptions, make_engine
+from ashd.bridge.engine import AnyEngine, Engine, EngineConfig, EngineError, QueryOptions, make_engine
 
 log = logging.getLogger(__name__)
 # How long a tool call waits for the server's limits_report before going on without one.
@@ -103,6 +104,9 @@ class Connection:
         self.protocol = 1
         self.queries: dict[str, asyncio.Task[None]] = {}
         self.interrupt_reasons: dict[str, str] = {}  # query id -> why the server interrupted it
+        # The last query's id and what puts the engine's conversation back as it was before it.
+        self._undo: tuple[str, Callable[[], None]] | None = None
+        self._withdrawn: set[str] = set()  # running queries withdrawn: put back once they unwound
         self._checks: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
         self._check_seq = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -185,6 +189,8 @@ class Connection:
                 if isinstance(reason, str) and reason:
                     self.interrupt_reasons[fid or ""] = reason[:200]
                 task.cancel()
+        elif kind == p.WITHDRAW:
+            self._withdraw(fid or "")
         elif kind == p.EXEC:
             self._spawn(self._exec(fid, frame))
         elif kind == p.SHUTDOWN:
@@ -197,6 +203,26 @@ class Connection:
                 waiter.set_result([n for n in notices if isinstance(n, dict)] if isinstance(notices, list) else [])
         elif fid is not None:
             await self.send(p.make(p.ERROR, id=fid, error=f"protocol: unknown command type {kind!r}"))
+
+    def _withdraw(self, fid: str) -> None:
+        """The server could not store the prompt of query `fid`, sent ahead of its storing: end it
+        and leave it out of the conversation. It was the last query sent (the server sends no other
+        query between a query and its withdrawal), running or already ended."""
+        log.info("query %s withdrawn: the server could not store its prompt", fid)
+        task = self.queries.get(fid)
+        if task is not None and not task.done():
+            self._withdrawn.add(fid)  # `_query` puts the conversation back once the query unwound
+            task.cancel()
+            # (Cancelled before it started, with the query in the same read: it never ran, the
+            # engine never saw it, and only this is left to clear.)
+            task.add_done_callback(lambda _: self._forget(fid))
+        elif self._undo is not None and self._undo[0] == fid:
+            self._undo[1]()
+            self._undo = None
+
+    def _forget(self, fid: str) -> None:
+        self.queries.pop(fid, None)
+        self._withdrawn.discard(fid)
 
     async def _hello(self, frame: p.Frame) -> None:
         offered = frame.get("protocols") or [frame.get("protocol")]
@@ -249,6 +275,7 @@ class Connection:
                 sessionId=engine.session_id,
                 model=cfg.default_model(),
                 mcpServers=engine.mcp.status(),
+                withdraw=True if isinstance(engine, Engine) else None,  # (the SDK engine's conversation is its CLI's)
             )
         )
         if mark_after:  # no setup step: the home is marked off the create's path (`run_setup`)
@@ -275,6 +302,7 @@ class Connection:
             live_config = frame.get("config")
             if isinstance(live_config, dict):  # the session's config changed (PATCH .../config)
                 engine.reconfigure(live_config)
+            self._undo = (fid, engine.checkpoint()) if isinstance(engine, Engine) else None
             await engine.query(
                 prompt,
                 emit=emit,
@@ -287,6 +315,8 @@ class Connection:
             if self.sock.fileno() < 0:
                 raise
             reason = self.interrupt_reasons.pop(fid, None)
+            if fid in self._withdrawn:
+                reason = "withdrawn"
             await self.send_quiet(p.make(p.ERROR, id=fid, error=f"interrupted: {reason}" if reason else "interrupted"))
         except EngineError as exc:
             await self.send_quiet(p.make(p.ERROR, id=fid, error=str(exc)))
@@ -297,6 +327,11 @@ class Connection:
             await self.send_quiet(p.make(p.ERROR, id=fid, error=f"bridge failure: {type(exc).__name__}: {exc}"))
         finally:
             self.queries.pop(fid, None)
+            if fid in self._withdrawn:
+                self._withdrawn.discard(fid)
+                if self._undo is not None and self._undo[0] == fid:
+                    self._undo[1]()
+                    self._undo = None
         await self.send_quiet(p.make(p.DONE, id=fid))
 
     async def _check_limits(self, query_id: str) -> list[dict[str, Any]]:

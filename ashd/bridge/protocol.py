@@ -32,7 +32,10 @@ EXEC = "exec"
 SHUTDOWN = "shutdown"
 PING = "ping"
 LIMITS_REPORT = "limits_report"  # v2: the answer to a bridge's limits_check
-COMMAND_TYPES = frozenset({HELLO, INIT, QUERY, INTERRUPT, EXEC, SHUTDOWN, PING, LIMITS_REPORT})
+# A query sent before its prompt was stored, whose storing failed: ended, and left out of the
+# conversation. Sent only to a bridge whose `init_ok` says `withdraw: true`.
+WITHDRAW = "withdraw"
+COMMAND_TYPES = frozenset({HELLO, INIT, QUERY, INTERRUPT, EXEC, SHUTDOWN, PING, LIMITS_REPORT, WITHDRAW})
 
 # bridge -> server
 READY = "ready"
@@ -153,14 +156,50 @@ class FrameWriter:
         self._sock = sock
         self._lock = asyncio.Lock()
         self._send: asyncio.Future[None] | None = None
+        self._writers = 0  # `write` calls in progress, waiting for the lock or holding it
+        # The rest of a frame `send_now` could not send whole: it goes before any other frame.
+        self._rest: asyncio.Future[None] | None = None
+
+    def send_now(self, frame: Frame) -> bool:
+        """Put `frame` on the wire before returning, without the loop: where no other write is in
+        progress (False, and nothing sent, otherwise). A frame the socket does not take whole has
+        its rest sent first thing, before any later frame."""
+        if self._writers or self._rest is not None:
+            return False
+        data = encode(frame)
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            rest = self._rest = asyncio.ensure_future(self._send_rest(memoryview(data)[sent:]))
+            # Its failure is the connection's, which the next write or read reports.
+            rest.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return True
+
+    async def _send_rest(self, rest: memoryview) -> None:
+        try:
+            await asyncio.get_running_loop().sock_sendall(self._sock, rest)
+        finally:
+            self._rest = None
 
     def abort(self) -> None:
         """Cancel a pending send (see FrameReader.abort); call before closing the socket."""
-        if self._send is not None and not self._send.done():
-            self._send.cancel()
+        for send in (self._send, self._rest):
+            if send is not None and not send.done():
+                send.cancel()
 
     async def write(self, frame: Frame) -> None:
         data = encode(frame)
+        self._writers += 1
+        try:
+            if self._rest is not None:  # (shielded: a cancelled writer must not cut another's frame)
+                await asyncio.shield(self._rest)
+            await self._write(data)
+        finally:
+            self._writers -= 1
+
+    async def _write(self, data: bytes) -> None:
         async with self._lock:
             # Most frames fit the socket's free buffer: sent here and now, without a task and the
             # loop iterations it takes to start and finish (a turn's query, each frame of a turn).

@@ -74,6 +74,12 @@ async def wait_ready(socket_path: str, timeout: float) -> socket.socket:
             raise
 
 
+def _query_frame(prompt: str | list[dict[str, Any]], query_id: str, model: str | None,
+                 include_partial_messages: bool, extra: dict[str, Any]) -> p.Frame:
+    return p.make(p.QUERY, id=query_id, prompt=prompt, model=model,
+                  includePartialMessages=include_partial_messages or None, **extra)
+
+
 class BridgeConnection:
     def __init__(self, sock: socket.socket, on_log: LogHandler | None = None) -> None:
         self._sock = sock
@@ -84,6 +90,9 @@ class BridgeConnection:
         self._on_log = on_log or _default_log
         self.ready: p.Frame = {}
         self.closed = False
+        # The engine can leave a query out of its conversation (`withdraw`), as its `init_ok` says:
+        # a turn's query may then go before its prompt is stored (`start_query`).
+        self.withdraws = False
 
     @classmethod
     async def connect(
@@ -179,7 +188,31 @@ class BridgeConnection:
         reply = await self._request(p.make(p.INIT, id=_new_id("init"), config=config), timeout)
         if reply["type"] != p.INIT_OK:
             raise SandboxError(str(reply.get("error") or f"bridge init failed: {reply}"))
+        self.withdraws = reply.get("withdraw") is True
         return reply
+
+    def start_query(self, prompt: str | list[dict[str, Any]], *, query_id: str, model: str | None = None,
+                    include_partial_messages: bool = False, **extra: Any) -> bool:
+        """Send the query now, without the loop (on the loop's thread): its frames are then read with
+        `query(..., sent=True)`, or it is withdrawn (`withdraw`). False, and nothing sent, where the
+        engine cannot withdraw a query or another frame is being written."""
+        if self.closed or not self.withdraws:
+            return False
+        frame = _query_frame(prompt, query_id, model, include_partial_messages, extra)
+        try:
+            sent = self._writer.send_now(frame)
+        except (OSError, p.ProtocolError):
+            return False  # the connection is gone, or the frame too large: the turn's own send reports it
+        if sent:
+            self._parked[query_id] = deque()
+        return sent
+
+    async def withdraw(self, query_id: str) -> None:
+        """End a query sent by `start_query` whose prompt could not be stored, and leave it out of
+        the engine's conversation. Its frames are dropped."""
+        self._parked.pop(query_id, None)
+        with contextlib.suppress(SandboxError):  # the connection is gone, and the conversation with it
+            await self._send(p.make(p.WITHDRAW, id=query_id))
 
     async def query(
         self,
@@ -189,24 +222,19 @@ class BridgeConnection:
         include_partial_messages: bool = False,
         query_id: str | None = None,
         on_limits_check: LimitsHandler | None = None,
+        sent: bool = False,
         **extra: Any,
     ) -> AsyncIterator[p.Frame]:
         """Yield the query's `message`/`error` frames and finally its `done` frame. The bridge's
         `limits_check` requests are answered here with what `on_limits_check` returns (nothing
-        without one): the bridge waits for that answer before it goes on."""
+        without one): the bridge waits for that answer before it goes on. `sent`: `start_query`
+        sent it already (with the same `query_id`)."""
         qid = query_id or _new_id("q")
-        self._parked[qid] = deque()
+        if not sent:
+            self._parked[qid] = deque()
         try:
-            await self._send(
-                p.make(
-                    p.QUERY,
-                    id=qid,
-                    prompt=prompt,
-                    model=model,
-                    includePartialMessages=include_partial_messages or None,
-                    **extra,
-                )
-            )
+            if not sent:
+                await self._send(_query_frame(prompt, qid, model, include_partial_messages, extra))
             while True:
                 frame = await self._frame_for(qid)
                 if frame["type"] == p.LIMITS_CHECK:

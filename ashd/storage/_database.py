@@ -77,18 +77,21 @@ class Database:
             _raise_mapped(exc)
             raise
 
-    def direct_here(self, fn: Callable[[Statements], T]) -> Future[T] | None:
+    def direct_here(self, fn: Callable[[Statements], T], before: Callable[[], None] | None = None,
+                    ) -> Future[T] | None:
         """`fn(statements)` as one transaction, on SQLite: run now on the calling thread (an actor's)
         when the database is free within `INLINE_WAIT_MS` (on the loop's thread: free at once), a
         future already resolved; else handed to the writer thread (a future it resolves), so that a
-        stalled database holds up no actor. None where there is no writer (await `run_direct`)."""
+        stalled database holds up no actor. None where there is no writer (await `run_direct`).
+        `before()` runs inside the transaction before `fn` when it runs here, not on the writer's."""
         writer = self._writer
         if writer is None:
             return None
         wait_ms = LOOP_WAIT_MS if _on_loop() else INLINE_WAIT_MS
+        here = fn if before is None else _after(before, fn)
         done: Future[T] = Future()
         try:
-            done.set_result(_mapped_call(lambda: writer.direct(fn, wait_ms=wait_ms)))
+            done.set_result(_mapped_call(lambda: writer.direct(here, wait_ms=wait_ms)))
         except WriterBusy:
             try:
                 return writer.submit_direct(fn, _mapped_call)
@@ -169,6 +172,14 @@ def _raise_mapped(exc: Exception) -> None:
     mapped = storage_failure(exc, database=True)
     if mapped is not None and mapped is not exc:
         raise mapped from exc
+
+
+def _after(before: Callable[[], None], fn: Callable[[Statements], T]) -> Callable[[Statements], T]:
+    def run(x: Statements) -> T:
+        before()
+        return fn(x)
+
+    return run
 
 
 def _on_loop() -> bool:

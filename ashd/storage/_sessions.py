@@ -386,12 +386,15 @@ class Sessions:
         return await self.db.run_direct(lambda x: tx(x)[0])
 
     def begin_turn_soon(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
-                        events: int) -> Future[tuple[int, int]] | Awaitable[tuple[int, int]]:
+                        events: int, before: Callable[[], None] | None = None,
+                        ) -> Future[tuple[int, int]] | Awaitable[tuple[int, int]]:
         """`add_user_message` started now from an actor's thread (see `transition_soon`), which also
         reserves the turn's first `events` event ids in the same statement: the turn's first frame
-        then needs no write of its own before it is sent. Gives (message sequence, first event id)."""
+        then needs no write of its own before it is sent. Gives (message sequence, first event id).
+        `before` is called first thing in the transaction where it runs at once on this thread
+        (`Database.direct_here`), and not at all where it does not."""
         tx = self._user_message_tx(session_id, tenant, content, attachments, events)
-        return self.db.direct_here(tx) or self.db.run_direct(tx)
+        return self.db.direct_here(tx, before) or self.db.run_direct(tx)
 
     def _user_message_tx(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
                          events: int) -> Callable[[Statements], tuple[int, int]]:

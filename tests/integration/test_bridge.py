@@ -108,6 +108,59 @@ async def test_interrupt_during_a_tool_call(bridge: BridgeHarness, fake_model: F
     assert results[0]["is_error"] is True
 
 
+async def test_a_withdrawn_query_leaves_no_trace_in_the_conversation(bridge: BridgeHarness,
+                                                                      fake_model: FakeModel) -> None:
+    """`withdraw` (the server could not store the prompt it sent ahead): a running query ends with
+    `interrupted: withdrawn`, one already ended is taken back too, and the next query's model call
+    shows neither prompt nor any note about them."""
+    fake_model.script("WD-SLOW", [{"wait": 30, "content": [{"type": "text", "text": "never seen"}]}])
+    conn = await bridge.init({})
+    assert conn.withdraws  # the builtin engine says so in its init_ok
+    assert (await collect(conn, "WD-KEPT first"))[-1]["type"] == "done"
+
+    # Running: its model call waits at the fake model.
+    assert conn.start_query("WD-SLOW second", query_id="q-wd-1")
+    frames = conn.query("WD-SLOW second", query_id="q-wd-1", sent=True)
+    async with asyncio.timeout(30):
+        while not fake_model.requests_containing("WD-SLOW second"):
+            await asyncio.sleep(0.01)
+        # The server drops a withdrawn query's frames; read them here to see how it ended.
+        await conn._send(p.make(p.WITHDRAW, id="q-wd-1"))
+        ended = [f async for f in frames]
+    assert [f["type"] for f in ended][-2:] == ["error", "done"]
+    assert ended[-2]["error"] == "interrupted: withdrawn"
+
+    # Ended already: its answer goes with it.
+    assert conn.start_query("WD-DONE third", query_id="q-wd-2")
+    assert [f async for f in conn.query("WD-DONE third", query_id="q-wd-2", sent=True)][-1]["type"] == "done"
+    await conn.withdraw("q-wd-2")
+
+    # Withdrawn at once, mostly in the same read as its query: it ends before it began.
+    assert conn.start_query("WD-GONE at once", query_id="q-wd-3")
+    await conn.withdraw("q-wd-3")
+
+    assert messages_of(await collect(conn, "WD-NEXT fourth"))[-1]["subtype"] == "success"
+    sent = fake_model.requests_containing("WD-NEXT fourth")[-1]["body"]["messages"]
+    text = json.dumps(sent)
+    assert "WD-KEPT first" in text
+    for gone in ("WD-SLOW", "WD-DONE", "WD-GONE", "interrupted"):
+        assert gone not in text
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+
+
+async def test_a_query_is_sent_ahead_only_where_nothing_else_is_being_written(bridge: BridgeHarness) -> None:
+    conn = await bridge.init({})
+    # A frame in progress (the socket's buffer full of a large one): the query would go in its middle.
+    big = conn._send(p.make(p.PING, id="big", pad="x" * (4 * 1024 * 1024)))
+    sending = asyncio.ensure_future(big)
+    await asyncio.sleep(0)
+    assert not conn.start_query("WD-LATER", query_id="q-later")
+    await sending
+    assert conn.start_query("WD-LATER", query_id="q-later")
+    frames = [f async for f in conn.query("WD-LATER", query_id="q-later", sent=True)]
+    assert messages_of(frames)[-1]["result"] == "echo: WD-LATER"
+
+
 async def test_exec(bridge: BridgeHarness) -> None:
     conn = await bridge.init({"env": {"GREETING": "hi-from-env"}})
     (bridge.workspace / "f.txt").write_text("x")

@@ -49,7 +49,8 @@ def test_constants() -> None:
     assert p.PROTOCOL_VERSION == 2
     assert p.SUPPORTED_VERSIONS == (1, 2)
     assert p.MAX_FRAME_BYTES == 16 * 1024 * 1024
-    assert {p.HELLO, p.INIT, p.QUERY, p.INTERRUPT, p.EXEC, p.SHUTDOWN, p.PING, p.LIMITS_REPORT} == p.COMMAND_TYPES
+    assert {p.HELLO, p.INIT, p.QUERY, p.INTERRUPT, p.EXEC, p.SHUTDOWN, p.PING, p.LIMITS_REPORT,
+            p.WITHDRAW} == p.COMMAND_TYPES
     assert {p.READY, p.INIT_OK, p.MESSAGE, p.ERROR, p.DONE, p.LOG, p.EXEC_RESULT, p.PONG,
             p.LIMITS_CHECK} == p.EVENT_TYPES
 
@@ -112,6 +113,25 @@ async def test_writer_writes_whole_frames() -> None:
         seen = sorted([await _n(reader) for _ in range(20)])
         await writes
         assert seen == list(range(20))
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_frame_sent_now_stays_whole_and_first_when_the_socket_takes_part_of_it() -> None:
+    a, b = await _pair()
+    try:
+        p.shrink_buffers(a)
+        writer, reader = p.FrameWriter(a), p.FrameReader(b)
+        big = {"type": "query", "id": "q-big", "prompt": "x" * (512 * 1024)}
+        assert writer.send_now(big)  # the socket takes a part; the rest goes before any later frame
+        assert not writer.send_now({"type": "ping", "id": "refused"})  # nothing is sent in its middle
+        later = asyncio.create_task(writer.write({"type": "withdraw", "id": "q-big"}))
+        assert (await reader.read()) == big
+        assert (await reader.read()) == {"type": "withdraw", "id": "q-big"}
+        await later
+        assert writer.send_now({"type": "ping", "id": "now"})  # idle again: sent at once, whole
+        assert (await reader.read()) == {"type": "ping", "id": "now"}
     finally:
         a.close()
         b.close()

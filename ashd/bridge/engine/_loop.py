@@ -148,6 +148,19 @@ class Engine:
         return Profile(system, tools, model)
 
     # -- queries -----------------------------------------------------------------------------
+    def checkpoint(self) -> Callable[[], None]:
+        """Taken before a query: what puts the conversation back as it was, for a query the server
+        withdraws (its prompt could not be stored). Such a query made no model call (the server's
+        model proxy admits none for it), so no tool ran: its prompt, and the note that closed it,
+        are all it added, each a new item (`append_user`, `close_unanswered_turn` replace, never
+        change one in place)."""
+        saved = list(self.messages)
+
+        def restore() -> None:
+            self.messages[:] = saved
+
+        return restore
+
     async def query(
         self,
         prompt: str | list[dict[str, Any]],
