@@ -2,8 +2,9 @@
 """Session benchmarks against a real ashd process and the bundled fake model.
 
 Prints p50/p99 of each row of the speed table (issue 13): create (pre-warmed sandbox), DELETE, GET,
-pause, warm resume, POST a message -> first `message` frame (instant model), and the server's CPU
-time (every thread) during each; then 4 creates at once with no warm sandbox, cold resume, create
+pause, warm resume, POST a message -> first `message` frame (instant model; and the same less the
+model's own first byte as ashd's model proxy measured it), and the server's CPU time (every thread)
+during each; then 4 creates at once with no warm sandbox, cold resume, create
 without a warm sandbox, the server CPU time per streamed frame, frames per second through one
 server with N concurrent sessions, and the memory held by a stalled stream. Everything runs on
 loopback, the server as a separate process, and stops by itself.
@@ -194,10 +195,29 @@ class ServerCpu:
         self.per_row[row].append((self.seconds() - start) * 1000)
 
 
+# Each first frame less its model call's first byte as ashd's model proxy measured it (`firstByteMs`
+# in the session's model calls): what is left is ashd's own part of the row with an instant model.
+# The proxy's clock starts when the call reaches it, so its own reading of the request and its send
+# upstream (about 0.1-0.2 ms) are taken off too: the figure is a little under ashd's real part.
+LESS_MODEL = "  the same, less the model's first byte"
+
+
+async def model_first_byte(c: Client, sid: str) -> float | None:
+    """The session's last model call's first byte (ms) as the model proxy measured it; None from a
+    server without ashd's model-call records."""
+    try:
+        calls = (await c.call("GET", f"/api/sessions/{sid}/model-calls")).get("modelCalls") or []
+    except (RuntimeError, aiohttp.ClientError, ValueError):
+        return None
+    value = calls[-1].get("firstByteMs") if calls else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 async def table_round(c: Client, agent: str, out: dict[str, list[float]], gets: int,
-                      cpu: ServerCpu | None = None) -> None:
+                      cpu: ServerCpu | None = None, less_model: list[float] | None = None) -> None:
     """One pass over the table's per-session rows on one server; with `cpu`, the server's CPU time
-    during each operation too (a message's: the whole turn, to its `done`)."""
+    during each operation too (a message's: the whole turn, to its `done`); with `less_model`, each
+    first frame less its model call's first byte (`LESS_MODEL`), read after the round's DELETE."""
     def during(row: str) -> contextlib.AbstractContextManager[None]:
         return cpu.during(row) if cpu is not None else contextlib.nullcontext()
 
@@ -214,6 +234,8 @@ async def table_round(c: Client, agent: str, out: dict[str, list[float]], gets: 
     for row, method, path in ((TABLE[3], "POST", "/pause"), (TABLE[4], "POST", "/resume"), (TABLE[1], "DELETE", "")):
         with during(row):
             out[row].append((await timed(functools.partial(c.call, method, f"/api/sessions/{sid}{path}")))[0])
+    if less_model is not None and (first_byte := await model_first_byte(c, sid)) is not None:
+        less_model.append(out[TABLE[5]][-1] - first_byte)
 
 
 async def concurrent_creates(c: Client, agent: str, rounds: int, at_once: int = 4) -> list[float]:
@@ -289,10 +311,13 @@ async def main() -> None:
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
             table: dict[str, list[float]] = {row: [] for row in TABLE}
             server_cpu = ServerCpu(proc.pid)
+            less_model: list[float] = []
             for _ in range(args.n):
-                await table_round(c, "bench", table, gets=10, cpu=server_cpu)
+                await table_round(c, "bench", table, gets=10, cpu=server_cpu, less_model=less_model)
             for row in TABLE:
                 line(row, table[row])
+            if less_model:
+                line(LESS_MODEL, less_model)
             print("server CPU during each (every thread), p50: " + " · ".join(
                 f"{row.split(' (')[0].split(' ->')[0]} {statistics.median(server_cpu.per_row[row]):.2f} ms"
                 for row in TABLE) + " (a message: its whole turn)")
