@@ -121,18 +121,23 @@ async def cluster(short_tmp: Path, pg: str, fake_model: FakeModel) -> AsyncItera
 
 
 def coordinator_settings(tmp: Path, pg: str, name: str, **extra: Any) -> Settings:
+    # A runner is taken for gone after 30 s without a heartbeat: the tests here are about routing,
+    # not lapses, and on a loaded machine a runner busy starting a sandbox, or a coordinator on the
+    # test's own loop, can miss a few seconds of them (a 3 s liveness answered a message 503 in CI).
+    # The lapse tests use `local_settings`' 3 s.
     return Settings(mode="coordinator", data_dir=str(tmp / f"cd-{name}"), database_url=pg, internal_secret=SECRET,
                     api_key=API_KEY,
                     credential_key=CREDENTIAL_KEY, prewarm=0, zygote=False, anthropic_base_url=None,
                     rate_limit_rps=1000.0, rate_limit_burst=1000, actor_timeout_seconds=30.0,
-                    **{"runner_liveness_seconds": 3.0, **extra})
+                    **{"runner_liveness_seconds": 30.0, **extra})
 
 
 def local_settings(tmp: Path, pg: str, name: str, **extra: Any) -> Settings:
     """A coordinator with a local pool, which registers as a runner on its own runner port."""
     return coordinator_settings(tmp, pg, name, coordinator_local=True, runner_port=free_port(),
                                 runner_advertise_host="127.0.0.1", runner_heartbeat_seconds=0.5,
-                                runner_sweep_seconds=0.5, runner_sweep_jitter_seconds=0.0, **extra)
+                                runner_sweep_seconds=0.5, runner_sweep_jitter_seconds=0.0,
+                                **{"runner_liveness_seconds": 3.0, **extra})
 
 
 @pytest.fixture
@@ -328,11 +333,7 @@ async def test_a_dropped_client_replays_through_a_second_coordinator(
     resp.close()
     last_id = max(f.id for f in seen if f.id is not None)
 
-    # The second coordinator starts on the test's own loop, where the first one takes the runner's
-    # heartbeats: on a loaded machine its start can hold them back past a 3 s liveness, and a runner
-    # that looks gone is not what this test is about.
-    server2, second = await start_api(aiohttp_client,
-                                      coordinator_settings(short_tmp, pg, "b", runner_liveness_seconds=30.0))
+    server2, second = await start_api(aiohttp_client, coordinator_settings(short_tmp, pg, "b"))
     try:
         resp = await second.client.get(f"/api/sessions/{sid}/stream",
                                        headers={**second.headers(coordinator.key), "Last-Event-ID": str(last_id)})
