@@ -26,7 +26,7 @@ import pytest
 from ashd.devtools.fake_model import FakeModel
 from tests.e2e.test_serve_process import free_port
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
-from tests.fixtures.small_fs import fill, free_bytes, small_fs
+from tests.fixtures.small_fs import fill, fill_steady, free_bytes, small_fs
 from tests.fixtures.sse import parse_frames
 
 pytestmark = pytest.mark.sandbox
@@ -102,7 +102,12 @@ async def test_serve_survives_a_full_data_disk(served: tuple[Served, aiohttp.Cli
     sid = body["session"]["id"]
     status, frames = await call(p, http, "POST", f"/api/sessions/{sid}/messages", json={"content": "remember me"})
     assert status == 200 and frames[-1].event == "done"
+    sandbox = data / "sandboxes" / body["session"]["sandboxId"]
+    assert sandbox.is_dir()
     assert (await call(p, http, "POST", f"/api/sessions/{sid}/stop"))[0] == 200
+    async with asyncio.timeout(60):  # its sandbox goes after the reply: space freed later would let a write fit
+        while sandbox.exists():
+            await asyncio.sleep(0.05)
     reads = {path: (await call(p, http, "GET", path))[1] for path in (
         f"/api/sessions/{sid}/messages", f"/api/sessions/{sid}/events", f"/api/sessions/{sid}/files",
         f"/api/sessions/{sid}/files/AGENT.md?format=json", "/api/agents")}
@@ -119,10 +124,12 @@ async def test_serve_survives_a_full_data_disk(served: tuple[Served, aiohttp.Cli
     ]
     for method, path, body in refused:
         # The disk stays full: space the server frees meanwhile (the stopped session's sandbox disk,
-        # torn down after its reply) is taken again, or a write may fit where the test means none to.
-        fill(data)
+        # a refused create's sandbox, torn down after their replies) is taken again, until none has
+        # been freed for a second, or a write may fit where the test means none to.
+        fill_steady(data)
         status, reply = await call(p, http, method, path, json=body)
-        assert status == 507 and reply["statusCode"] == 507 and "data disk is full" in reply["error"], (path, reply)
+        assert status == 507 and reply["statusCode"] == 507 and "data disk is full" in reply["error"], (
+            path, reply, free_bytes(data), p.log.read_text(errors="replace")[-4000:])
     for path, expected in reads.items():  # reads are served, unchanged
         assert await call(p, http, "GET", path) == (200, expected), path
     assert _digest(data / "snapshots" / sid) == snapshots  # the snapshot is untouched, no partial beside it
