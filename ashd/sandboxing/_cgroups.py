@@ -334,7 +334,8 @@ class CgroupTree:
         """Sandbox cgroups left under our parent (e.g. by a server that was killed)."""
         names: set[str] = set()
         for parent in self.parent_dirs().values():
-            if parent.is_dir():
+            # Gone meanwhile: another service's start-up swept it, empty (`sweep_empty_parents`).
+            with contextlib.suppress(FileNotFoundError):
                 names.update(p.name for p in parent.iterdir() if p.is_dir())
         return [
             SandboxCgroup(self.version, {c: p / n for c, p in self.parent_dirs().items()})

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,13 @@ def test_the_disk_image_is_not_visible_inside_and_outlives_a_lost_mount(tmp_path
         (paths.workspace / "notes.txt").write_text("kept across the lost mount")
         subprocess.run(["umount", "-l", str(paths.disk)], check=True)  # what a reboot does
         assert not (paths.workspace / "notes.txt").exists()
+        # A lazy unmount lets the filesystem go, and its loop device with it, once nothing uses it:
+        # wait for that, as a reboot would have (a second instance on the image would not see the
+        # first one's unwritten changes).
+        deadline = time.monotonic() + 60
+        while loop_devices_for(paths.image):
+            assert time.monotonic() < deadline, "the lazily unmounted disk image stayed attached"
+            time.sleep(0.05)
         workspace = launcher.mount_leftover("leftover")
         assert workspace == paths.workspace
         assert (workspace / "notes.txt").read_text() == "kept across the lost mount"
