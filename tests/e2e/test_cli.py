@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_serve_process import fake_model_process, free_port, http, start, stop  # noqa: F401
+from tests.e2e.test_serve_process import fake_model_process, free_port, http, server_log, start, stop  # noqa: F401
 from tests.fixtures.tools import tool
 
 ASHD = [sys.executable, "-m", "ashd"]
@@ -30,6 +30,7 @@ class Server:
     key: str
     data: Path
     model: str
+    proc: subprocess.Popen[bytes]
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVICE_", "ASHD_"))}
@@ -48,7 +49,7 @@ def server(short_tmp: Path, fake_model_process: str) -> Iterator[Server]:  # noq
     proc = start(data, port, ANTHROPIC_BASE_URL=fake_model_process, ANTHROPIC_API_KEY="sk-ant-cli")
     try:
         key = (data / "initial-api-key").read_text().strip()
-        yield Server(f"http://127.0.0.1:{port}", key, data, fake_model_process)
+        yield Server(f"http://127.0.0.1:{port}", key, data, fake_model_process, proc)
     finally:
         stop(proc)
 
@@ -57,7 +58,7 @@ def ashd(server: Server | None, *args: str, ok: bool = True, cwd: Path | None = 
     env = server.env() if server else {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
     result = subprocess.run([*ASHD, *args], env=env, capture_output=True, text=True, timeout=300, cwd=cwd)
     if ok:
-        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        assert result.returncode == 0, (args, result.stdout, result.stderr, server_log(server.proc) if server else "")
     return result
 
 
@@ -206,7 +207,7 @@ def test_without_an_api_key_the_turn_says_so(short_tmp: Path, fake_model_process
     proc = start(data, port, ANTHROPIC_BASE_URL=fake_model_process, ANTHROPIC_API_KEY="")  # empty: unset
     try:
         plain = Server(f"http://127.0.0.1:{port}", (data / "initial-api-key").read_text().strip(), data,
-                       fake_model_process)
+                       fake_model_process, proc)
         folder = short_tmp / "helper"
         folder.mkdir()
         (folder / "AGENT.md").write_text("You are a helpful agent.")

@@ -19,7 +19,7 @@ def idle_queue(short_tmp: Path) -> Iterator[Server]:
     data, port = short_tmp / "data", free_port()
     proc = start(data, port, SERVICE_QUEUE_CONCURRENCY="0", SERVICE_PREWARM="0", SERVICE_TENANT_MAX_QUEUED="2")
     try:
-        yield Server(f"http://127.0.0.1:{port}", (data / "initial-api-key").read_text().strip(), data, "")
+        yield Server(f"http://127.0.0.1:{port}", (data / "initial-api-key").read_text().strip(), data, "", proc)
     finally:
         stop(proc)
 

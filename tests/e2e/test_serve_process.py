@@ -39,14 +39,22 @@ def http(method: str, url: str, key: str | None = None, body: Any = None) -> tup
         return err.code, json.loads(err.read() or b"null")
 
 
+_LOGS: dict[int, Path] = {}  # a started server's pid: the file its stderr (the JSON log) goes to
+
+
 def start(data_dir: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
+    """`ashd serve` answering /health. Its log goes to a file beside its data directory, not a pipe:
+    a pipe nobody reads blocks a chatty server, and the file outlives a failure for `server_log`."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
     full.update({"SERVICE_DATA_DIR": str(data_dir), "SERVICE_PORT": str(port), "SERVICE_HOST": "127.0.0.1",
                  "SERVICE_PREWARM": "1", **env})
-    proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=full, stderr=subprocess.PIPE)
+    log = data_dir.parent / f"serve-{port}-{time.monotonic_ns()}.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=full, stderr=sink)
+    _LOGS[proc.pid] = log
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.poll() is None, server_log(proc)
         try:
             if http("GET", f"http://127.0.0.1:{port}/health")[0] == 200:
                 return proc
@@ -54,14 +62,23 @@ def start(data_dir: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
             pass
         time.sleep(0.1)
     proc.kill()
-    raise AssertionError("server did not answer /health")
+    raise AssertionError(f"server did not answer /health\n{server_log(proc)}")
+
+
+def server_log(proc: subprocess.Popen[bytes], tail: int = 20_000) -> str:
+    """What a server started by `start` has logged so far (its last `tail` characters), and whether
+    it has exited: what a failing test shows about the server it talked to."""
+    text = _LOGS[proc.pid].read_text(errors="replace")[-tail:]
+    status = "running" if proc.poll() is None else f"exited with {proc.returncode}"
+    return f"--- ashd serve (pid {proc.pid}, {status}) log ---\n{text}"
 
 
 def stop(proc: subprocess.Popen[bytes]) -> str:
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err.decode()
-    return err.decode()
+    proc.wait(timeout=60)
+    log = _LOGS.pop(proc.pid).read_text(errors="replace")
+    assert proc.returncode == 0, log
+    return log
 
 
 def test_first_start_sigterm_and_restart(short_tmp: Path) -> None:
