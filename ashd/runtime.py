@@ -60,6 +60,7 @@ from ashd.backends import (
     snapshot_reader,
 )
 from ashd.config import Settings
+from ashd.errors import SandboxError
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
 from ashd.sandboxing import (
@@ -429,7 +430,13 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
     owners = await sessions.owners_of_sandboxes([d.name for d in dirs], ended=True)
     for d in dirs:
         session_id = owners.get(d.name)
-        workspace = await asyncio.to_thread(launcher.mount_leftover, d.name) if session_id is not None else None
+        try:
+            workspace = await asyncio.to_thread(launcher.mount_leftover, d.name) if session_id is not None else None
+        except SandboxError as exc:
+            # Its newest files may be in there: a failure to read them now never deletes them.
+            log.warning("could not read the workspace of a sandbox left by the previous process; keeping it "
+                        "for the next start: %s", exc.message, extra={"sessionId": session_id, "sandboxId": d.name})
+            continue
         if session_id is not None and workspace is not None:
             try:
                 await call(snapshots.snapshot(session_id, workspace), timeout * 4)

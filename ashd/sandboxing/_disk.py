@@ -18,6 +18,7 @@ under 1 ms, on a quiet host.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -26,6 +27,7 @@ import shutil
 import struct
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,6 +241,34 @@ def mount_image(image: Path, target: Path, *, discard: bool) -> None:
         _mount(device, target, "noinit_itable" + (",discard" if discard else ""))
     finally:
         os.close(fd)  # from here on the mount holds the device; unmounting frees it (auto-clear)
+
+
+def loop_devices_of(image: Path) -> list[str]:
+    """The loop devices `image` is attached to, from the kernel's own list in /sys. A lazily
+    unmounted filesystem keeps its device (auto-clear) until its last user lets go."""
+    target = str(image.resolve())
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip().removesuffix(" (deleted)") == target:
+                found.append(f"/dev/{backing.parent.parent.name}")
+    return sorted(found)
+
+
+def mount_leftover_image(image: Path, target: Path, *, discard: bool, wait_seconds: float) -> None:
+    """Mount an image a previous server left unmounted, once no loop device holds it any more.
+
+    An image still attached is a filesystem still being torn down (a lazy unmount whose last user,
+    a dying sandbox, has not let go): a second instance mounted beside it would not see the first
+    one's unwritten changes and could corrupt both. SandboxError when it stays attached for
+    `wait_seconds` or the mount fails: the caller keeps the image for a later try."""
+    deadline = time.monotonic() + wait_seconds
+    while devices := loop_devices_of(image):
+        if time.monotonic() >= deadline:
+            raise SandboxError(f"the sandbox disk {image} is still attached to {', '.join(devices)} "
+                               f"after {wait_seconds:g} s; it is kept for the next start")
+        time.sleep(0.05)
+    mount_image(image, target, discard=discard)
 
 
 def is_mounted(target: Path) -> bool:

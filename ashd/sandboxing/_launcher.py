@@ -23,7 +23,15 @@ from ashd.errors import ConfigError, SandboxError
 from ashd.sandboxing import _layout as layout
 from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, cgroup_wrapper
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup
-from ashd.sandboxing._disk import MIB, ImageMaker, disk_quota_problems, is_mounted, mount_image, unmount
+from ashd.sandboxing._disk import (
+    MIB,
+    ImageMaker,
+    disk_quota_problems,
+    is_mounted,
+    mount_image,
+    mount_leftover_image,
+    unmount,
+)
 from ashd.sandboxing._egress_policy import EgressPolicy, resolv_conf
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
 from ashd.sandboxing._netns import SandboxLink
@@ -45,6 +53,9 @@ log = logging.getLogger(__name__)
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 BRIDGE_ARGS = ("--socket", "/run/ashd/bridge.sock")
+# How long the start-up rescue waits for a leftover disk image's loop device to let go (a lazily
+# unmounted filesystem whose last user is still exiting); milliseconds on a quiet host.
+LEFTOVER_DETACH_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -235,17 +246,16 @@ class SandboxLauncher:
         paths.logs.mkdir(mode=0o700, exist_ok=True)
         return paths
 
-    def mount_leftover(self, sandbox_id: str) -> Path | None:
+    def mount_leftover(self, sandbox_id: str, wait_seconds: float = LEFTOVER_DETACH_SECONDS) -> Path | None:
         """The workspace a killed server left behind, its disk mounted again if it is not any more
-        (a reboot): for the start-up rescue. None when there is no workspace to rescue."""
+        (a reboot): for the start-up rescue. None when there is no workspace to rescue; SandboxError
+        when there may be one that cannot be read now (its image will not mount, or is still
+        attached to the loop device of a filesystem being torn down): keep it, never delete it."""
         paths = self.paths_for(sandbox_id)
         if paths.image.exists() and not is_mounted(paths.disk):
             paths.disk.mkdir(exist_ok=True)
-            try:
-                mount_image(paths.image, paths.disk, discard=not self.config.preallocate_disk)
-            except SandboxError:
-                log.exception("could not mount a leftover sandbox disk", extra={"sandboxId": sandbox_id})
-                return None
+            mount_leftover_image(paths.image, paths.disk, discard=not self.config.preallocate_disk,
+                                 wait_seconds=wait_seconds)
         if paths.workspace.is_dir():
             return paths.workspace
         legacy = paths.root / "workspace"  # left by a version before sandbox disks

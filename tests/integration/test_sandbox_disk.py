@@ -9,15 +9,16 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ashd.errors import CapacityError
+from ashd.errors import CapacityError, SandboxError
 from ashd.sandboxing import ExitReason, SandboxLimits, SandboxPaths
-from ashd.sandboxing._disk import disk_quota_problems, is_mounted
+from ashd.sandboxing._disk import disk_quota_problems, is_mounted, loop_devices_of
 from tests.fixtures.sandboxes import ROUTES, TEST_LIMITS, program_spec, require_isolation, started_launcher
 
 pytestmark = pytest.mark.sandbox
@@ -33,16 +34,6 @@ def require_disk_quota() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-
-
-def loop_devices_for(path: Path) -> list[str]:
-    """Loop devices whose backing file is `path` (the kernel's own list, in /sys)."""
-    found = []
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        with contextlib.suppress(OSError):
-            if backing.read_text().strip().removesuffix(" (deleted)") == str(path):
-                found.append(backing.parent.parent.name)
-    return found
 
 
 @contextlib.contextmanager
@@ -73,7 +64,7 @@ def test_writes_past_the_disk_fail_with_no_space_and_the_host_pays_at_most_the_q
         assert info.reason is ExitReason.NORMAL, log
         verdict = json.loads(log.strip().splitlines()[-1])
         launcher.destroy_dirs("filler")
-        assert loop_devices_for(paths.image) == []
+        assert loop_devices_of(paths.image) == []
         assert not paths.root.exists()
     assert verdict["same_fs"], verdict  # /workspace, /tmp and HOME are all on the sandbox's disk
     assert DISK - 8 * MIB < verdict["disk_total"] <= DISK
@@ -96,21 +87,44 @@ def test_the_disk_image_is_not_visible_inside_and_outlives_a_lost_mount(tmp_path
     with started_launcher(tmp_path, "zygote") as launcher:
         paths = launcher.prepare("leftover", DISK)
         (paths.workspace / "notes.txt").write_text("kept across the lost mount")
+        busy = (paths.workspace / "notes.txt").open()  # a sandbox still exiting holds the filesystem
         subprocess.run(["umount", "-l", str(paths.disk)], check=True)  # what a reboot does
         assert not (paths.workspace / "notes.txt").exists()
-        # A lazy unmount lets the filesystem go, and its loop device with it, once nothing uses it:
-        # wait for that, as a reboot would have (a second instance on the image would not see the
-        # first one's unwritten changes).
-        deadline = time.monotonic() + 60
-        while loop_devices_for(paths.image):
-            assert time.monotonic() < deadline, "the lazily unmounted disk image stayed attached"
-            time.sleep(0.05)
-        workspace = launcher.mount_leftover("leftover")
+        # A lazy unmount lets the filesystem go, and its loop device with it, once nothing uses it;
+        # until then a second instance on the image would not see the first one's unwritten changes.
+        with busy:
+            assert loop_devices_of(paths.image)
+            with pytest.raises(SandboxError, match="still attached to /dev/loop"):
+                launcher.mount_leftover("leftover", wait_seconds=0.3)
+            assert not is_mounted(paths.disk)
+            threading.Timer(0.5, busy.close).start()  # lets go while the rescue waits
+            workspace = launcher.mount_leftover("leftover", wait_seconds=60)
         assert workspace == paths.workspace
         assert (workspace / "notes.txt").read_text() == "kept across the lost mount"
         launcher.destroy_dirs("leftover")
-        assert loop_devices_for(paths.image) == [] and not paths.root.exists()
+        assert loop_devices_of(paths.image) == [] and not paths.root.exists()
         assert launcher.mount_leftover("never-made") is None
+
+
+def test_a_leftover_image_that_will_not_mount_is_an_error_not_an_empty_workspace(tmp_path: Path) -> None:
+    """The rescue deletes what holds nothing; an image it cannot read may hold a session's newest
+    files, so it is an error the caller keeps the image for, never `None`."""
+    require_disk_quota()
+    with started_launcher(tmp_path, "zygote") as launcher:
+        paths = launcher.prepare("broken", DISK)
+        (paths.workspace / "notes.txt").write_text("behind a broken superblock")
+        subprocess.run(["umount", str(paths.disk)], check=True)
+        deadline = time.monotonic() + 60
+        while loop_devices_of(paths.image):
+            assert time.monotonic() < deadline, "the unmounted disk image stayed attached"
+            time.sleep(0.05)
+        with paths.image.open("r+b") as image:  # ext4's primary superblock: 1 KiB at 1 KiB
+            image.seek(1024)
+            image.write(bytes(1024))
+        with pytest.raises(SandboxError, match="could not mount the sandbox disk"):
+            launcher.mount_leftover("broken")
+        assert paths.image.exists() and not is_mounted(paths.disk)
+        launcher.destroy_dirs("broken")
 
 
 def test_stop_unmounts_what_is_left_and_keeps_the_image(tmp_path: Path) -> None:
@@ -119,7 +133,7 @@ def test_stop_unmounts_what_is_left_and_keeps_the_image(tmp_path: Path) -> None:
         paths = launcher.prepare("left", DISK)
         (paths.workspace / "a.txt").write_text("a")
     assert not is_mounted(paths.disk)
-    assert loop_devices_for(paths.image) == []
+    assert loop_devices_of(paths.image) == []
     assert paths.image.exists()  # the next start's rescue mounts it again
 
 

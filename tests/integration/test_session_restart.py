@@ -22,6 +22,7 @@ import pytest
 from ashd.config import Settings
 from ashd.devtools.fake_model import FakeModel
 from ashd.sandboxing import SandboxPaths
+from ashd.sandboxing._disk import loop_devices_of
 from tests.fixtures.fake_model_fixture import fake_model  # noqa: F401
 from tests.fixtures.sse import parse_frames
 
@@ -204,3 +205,48 @@ async def test_a_stopped_server_takes_the_snapshots_it_owes_before_its_sandboxes
         status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files/beta.txt",
                                    params={"format": "json"})
         assert status == 200 and body["content"] == "beta file" and body["source"] == "snapshot", body
+
+
+async def test_a_leftover_workspace_that_cannot_be_read_is_kept_for_a_later_start(
+        proc: Proc, http: aiohttp.ClientSession, fake_model: FakeModel) -> None:  # noqa: F811
+    """A killed server's workspace is a session's newest files. When the next start cannot read it
+    (its disk image will not mount), the directory stays and the server starts anyway; a later
+    start, the image readable again, takes the files from it."""
+    key = await proc.start()
+    (sid,) = await _sessions_that_wrote(proc, http, key, fake_model, "gamma", 1)
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}")
+    paths = SandboxPaths(Path(proc.env["SERVICE_DATA_DIR"]) / "sandboxes" / body["session"]["sandboxId"])
+    proc.kill()
+    subprocess.run(["umount", "-l", str(paths.disk)], check=True)  # a reboot: the image is mounted nowhere
+    await _detached(paths.image)
+    with paths.image.open("r+b") as image:  # ext4's primary superblock, 1 KiB at 1 KiB: gone, no mount
+        image.seek(1024)
+        superblock = image.read(1024)
+        image.seek(1024)
+        image.write(bytes(1024))
+
+    key = await proc.start()
+    assert paths.root.is_dir() and paths.image.exists()
+    assert "could not read the workspace of a sandbox left by the previous process; keeping it" in \
+        proc.log.read_text()
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}")
+    assert status == 200 and body["session"]["status"] == "paused"
+    proc.stop()
+
+    await _detached(paths.image)
+    with paths.image.open("r+b") as image:
+        image.seek(1024)
+        image.write(superblock)
+    key = await proc.start()
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files/gamma.txt",
+                               params={"format": "json"})
+    assert status == 200 and body["content"] == "gamma file" and body["source"] == "snapshot", body
+    assert not paths.image.exists()  # rescued, then removed
+
+
+async def _detached(image: Path) -> None:
+    """Until no loop device holds `image`: a lazily unmounted filesystem lets go once its last user
+    (a sandbox the kill took down) has exited."""
+    async with asyncio.timeout(60):
+        while loop_devices_of(image):
+            await asyncio.sleep(0.05)
