@@ -30,7 +30,7 @@ import ashd
 from ashd.errors import SandboxError
 from ashd.sandboxing import ExitReason, LauncherConfig, SandboxLauncher, SandboxSpec
 from ashd.sandboxing._cgroups import CgroupTree
-from ashd.sandboxing._disk import MIB, is_mounted
+from ashd.sandboxing._disk import MIB, is_mounted, loop_devices_of
 from ashd.sandboxing._egress_policy import EgressPolicy
 from ashd.sandboxing._zygote_client import ZygoteChild
 from tests.fixtures.sandboxes import ROUTES, TEST_LIMITS, program_spec, require_isolation, started_launcher, wait_for
@@ -382,12 +382,17 @@ def test_a_leftover_disk_is_mounted_again_as_it_was(tmp_path: Path) -> None:
         launcher.destroy_dirs("leftover")
         launcher.destroy_dirs("leftover")
         assert not paths.root.exists()
-        # An image that no longer mounts is reported (logged), not raised: the rescue goes on.
+        # An image that no longer mounts is an error, not "nothing to rescue": it may hold a session's
+        # newest files, and the rescue keeps what it cannot read.
         broken = launcher.prepare("broken", SMALL_DISK)
+        (broken.workspace / "notes.txt").write_text("behind a broken superblock")
         subprocess.run(["umount", "-l", str(broken.disk)], check=True)
+        wait_for(lambda: not loop_devices_of(broken.image), 60)  # its last write is in before ours
         with open(broken.image, "r+b") as image:
             image.write(bytes(2 * MIB))  # the superblock is gone
-        assert launcher.mount_leftover("broken") is None
+        with pytest.raises(SandboxError, match="could not mount the sandbox disk"):
+            launcher.mount_leftover("broken")
+        assert broken.image.exists() and not is_mounted(broken.disk)
 
 
 _NO_MKFS_START = """
