@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ from ashd.errors import SandboxError
 from ashd.logs import emit_line
 from ashd.metrics import Metrics
 from ashd.sandboxing import (
+    LEFTOVER_DETACH_SECONDS,
     SANDBOX_GID,
     SANDBOX_UID,
     LauncherConfig,
@@ -420,7 +422,8 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
     The workspace of a session's last sandbox holds its newest files (newer than any snapshot:
     snapshots are taken from it), so it becomes the session's newest snapshot, which the files
     API serves and a cold resume restores. Then the directory goes. A disk image that is no longer
-    mounted (a reboot) is mounted again to read it.
+    mounted (a reboot) is mounted again to read it. One that cannot be read now is kept, never
+    removed: every later start tries again.
     """
     dirs = [d for d in launcher.sandboxes_dir.glob("sb-*") if d.is_dir()]
     if not dirs:
@@ -428,10 +431,15 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
     # Ended sessions too: a DELETE's final snapshot is taken after its answer, and a kill in between
     # leaves the workspace here with nothing newer stored.
     owners = await sessions.owners_of_sandboxes([d.name for d in dirs], ended=True)
+    # One wait for all the images still attached: the killed server's sandboxes die together, so
+    # their filesystems let go together, and a stuck one must not hold the start for each of them.
+    deadline = time.monotonic() + LEFTOVER_DETACH_SECONDS
     for d in dirs:
         session_id = owners.get(d.name)
         try:
-            workspace = await asyncio.to_thread(launcher.mount_leftover, d.name) if session_id is not None else None
+            workspace = await asyncio.to_thread(launcher.mount_leftover, d.name,
+                                                max(0.0, deadline - time.monotonic())) \
+                if session_id is not None else None
         except SandboxError as exc:
             # Its newest files may be in there: a failure to read them now never deletes them.
             log.warning("could not read the workspace of a sandbox left by the previous process; keeping it "

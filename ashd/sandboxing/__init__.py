@@ -5,7 +5,7 @@ from ashd.sandboxing._bridge_client import BridgeConnection
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup, detect_version
 from ashd.sandboxing._egress_policy import BLOCKED_V4, EgressPolicy, parse_allow, parse_dns, parse_subnet
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
-from ashd.sandboxing._launcher import LauncherConfig, SandboxLauncher
+from ashd.sandboxing._launcher import LEFTOVER_DETACH_SECONDS, LauncherConfig, SandboxLauncher
 from ashd.sandboxing._layout import SANDBOX_GID, SANDBOX_UID
 from ashd.sandboxing._meter import LimitNotice
 from ashd.sandboxing._model_budget import TurnSummary
@@ -40,6 +40,7 @@ from ashd.storage import ModelCallRecord
 __all__ = [
     "BLOCKED_V4",
     "BRIDGE_SOCKET",
+    "LEFTOVER_DETACH_SECONDS",
     "MODEL_SOCKET",
     "SANDBOX_GID",
     "SANDBOX_HOME",
