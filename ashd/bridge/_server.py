@@ -254,7 +254,7 @@ class Connection:
             mark_after = False
             if config.get("runSetup"):
                 lines = config.get("setupLogLines")
-                mark_after = await run_setup(server.workspace, cfg.tool_env(), config.get("setupTimeout"),
+                mark_after = await run_setup(server.workspace, cfg.tool_env, config.get("setupTimeout"),
                                              server.setup_line, lines if isinstance(lines, int) else None)
             engine = make_engine(cfg, server.log_event)
             await engine.start()
