@@ -436,15 +436,17 @@ async def _rescue_workspaces(sessions: Sessions, snapshots: Any, launcher: Sandb
     deadline = time.monotonic() + LEFTOVER_DETACH_SECONDS
     for d in dirs:
         session_id = owners.get(d.name)
-        try:
-            workspace = await asyncio.to_thread(launcher.mount_leftover, d.name,
-                                                max(0.0, deadline - time.monotonic())) \
-                if session_id is not None else None
-        except SandboxError as exc:
-            # Its newest files may be in there: a failure to read them now never deletes them.
-            log.warning("could not read the workspace of a sandbox left by the previous process; keeping it "
-                        "for the next start: %s", exc.message, extra={"sessionId": session_id, "sandboxId": d.name})
-            continue
+        workspace = None
+        if session_id is not None:
+            try:
+                workspace = await asyncio.to_thread(launcher.mount_leftover, d.name,
+                                                    max(0.0, deadline - time.monotonic()))
+            except SandboxError as exc:
+                # Its newest files may be in there: a failure to read them now never deletes them.
+                log.warning("could not read the workspace of a sandbox left by the previous process; keeping "
+                            "it for the next start: %s", exc.message,
+                            extra={"sessionId": session_id, "sandboxId": d.name})
+                continue
         if session_id is not None and workspace is not None:
             try:
                 await call(snapshots.snapshot(session_id, workspace), timeout * 4)
