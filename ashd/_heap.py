@@ -8,7 +8,7 @@ server after ten rounds of the session bench took 92 ms here (127,000 objects tr
 what the start built frozen (7,000). Such collections are rare in a steady state (none in 40
 rounds of the bench), but each one stalls every request in flight. `gc.freeze()` moves what exists
 now into a generation the collector never walks: a later full collection walks only what requests
-and sessions made since. The fork server (sandboxing/_zygote.py) does the same
+and sessions made since. The fork server (zygote/_fork_server.py) does the same
 before it forks.
 """
 

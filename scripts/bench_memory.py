@@ -43,7 +43,7 @@ def tree_pss(proc: psutil.Process) -> int:
 def zygote_of(server: psutil.Process) -> psutil.Process | None:
     for child in server.children():
         try:
-            if "ashd.sandboxing._zygote" in " ".join(child.cmdline()):
+            if "ashd.zygote._fork_server" in " ".join(child.cmdline()):
                 return child
         except psutil.Error:
             continue

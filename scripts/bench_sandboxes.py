@@ -212,7 +212,7 @@ def _zygote_pss() -> int:
     total = 0
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if "ashd.sandboxing._zygote" in cmd and proc.ppid() == psutil.Process().pid:
+        if "ashd.zygote._fork_server" in cmd and proc.ppid() == psutil.Process().pid:
             with contextlib.suppress(psutil.Error):
                 total += proc.memory_full_info().pss
     return total

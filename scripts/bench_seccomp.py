@@ -23,7 +23,7 @@ from collections.abc import Callable
 from ashd.sandboxing import _seccomp
 from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, drop_privileges_argv
 from ashd.sandboxing._layout import Mount
-from ashd.sandboxing._zygote_child import PR_SET_NO_NEW_PRIVS, _prctl, install_seccomp
+from ashd.zygote._child import PR_SET_NO_NEW_PRIVS, _prctl, install_seccomp
 
 SYSTEM = [Mount("ro-bind", "/usr", "/usr"), Mount("symlink", "/bin", "usr/bin"), Mount("symlink", "/lib", "usr/lib"),
           Mount("symlink", "/lib64", "usr/lib64"), Mount("symlink", "/sbin", "usr/sbin"), Mount("dir", "/run"),

@@ -336,8 +336,6 @@ class PoolActor(AioActor):
             self._refill()
         elif entry.state is PoolState.WARMING and entry.session_id is None:
             entry.state = PoolState.WARM
-            if self._warmer is not None:
-                self._warmer.prepare(sandbox_id, self._launcher.paths_for(sandbox_id))
         self._publish()
 
     def _exited(self, sandbox_id: str, info: ExitInfo) -> None:
@@ -591,8 +589,19 @@ class PoolActor(AioActor):
             return  # no refill here: a failing launch would loop; the next claim or release retries
         entry.proc = proc
         entry.state = PoolState.WARMING
-        self._workers.submit(self._await_ready, sandbox_id, proc)
+        if self._warmer is not None:
+            # Its warm connection is the probe: the bridge's socket listens from the launch on
+            # (socket activation), so only the bridge's answer says it is up. Asked here, before
+            # any claim of this entry is answered, so a claimer always finds the connection.
+            self._warmer.prepare(sandbox_id, self._launcher.paths_for(sandbox_id), self._on_warm)
+        else:
+            self._workers.submit(self._await_ready, sandbox_id, proc)
         self._publish()
+
+    def _on_warm(self, sandbox_id: str, ok: bool) -> None:
+        """The warmer's answer (on the loop): told to this actor."""
+        if not self._stopping.is_set():
+            self._tell("_became_ready", sandbox_id, ok)
 
     def _await_ready(self, sandbox_id: str, proc: Any) -> None:
         paths = self._launcher.paths_for(sandbox_id)

@@ -1,10 +1,11 @@
-"""A blocking readiness probe for pre-warming: wait until the bridge has bound its socket.
+"""A blocking readiness probe for a pool without a warmer: wait until the bridge's socket file is there.
 
-Used from pool worker threads only (never the event loop). The probe never connects: the bridge
-serves one connection at a time and a new one replaces the old, so a probe connecting late could
-take the bridge away from the session that has just claimed the sandbox. The socket file appears
-when the bridge binds it, right before it listens; a client that connects in between is refused
-and retries (`BridgeConnection.connect`).
+The server's pool always has a warmer, whose connection to a spare's bridge is the probe (the
+`ready` answer to its `hello`): the launcher makes the socket before the sandbox starts (socket
+activation, `sandboxing/_activation.py`), so the file alone says only that the launch happened.
+This probe is what a pool made without one (tests of the pool alone) waits for: it never
+connects, because the bridge serves one connection at a time and a probe connecting late could
+take the bridge away from the session that has just claimed the sandbox.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ashd.actors._aio import tell_loop
@@ -28,16 +29,25 @@ class Warmer:
         self._ready: dict[str, asyncio.Task[Any]] = {}
 
     # --- called from the pool's thread ---------------------------------------------------------
-    def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
-        tell_loop(self._loop, self._start, sandbox_id, paths)
+    def prepare(self, sandbox_id: str, paths: SandboxPaths,
+                on_ready: Callable[[str, bool], None] | None = None) -> None:
+        """Connect to the spare's bridge; `on_ready(sandbox_id, ok)` is called on the loop once its
+        `ready` came (or the connect failed): the pool's readiness probe, since the bridge's socket
+        listens from the launch on (`sandboxing/_activation.py`) and only the answer says the bridge
+        is up."""
+        tell_loop(self._loop, self._start, sandbox_id, paths, on_ready)
 
     def discard(self, sandbox_id: str) -> None:
         tell_loop(self._loop, self._drop, sandbox_id)
 
     # --- on the loop ---------------------------------------------------------------------------
-    def _start(self, sandbox_id: str, paths: SandboxPaths) -> None:
+    def _start(self, sandbox_id: str, paths: SandboxPaths, on_ready: Callable[[str, bool], None] | None) -> None:
         if sandbox_id not in self._ready:
-            self._ready[sandbox_id] = self._loop.create_task(self._connect(sandbox_id, paths))
+            task = self._loop.create_task(self._connect(sandbox_id, paths))
+            self._ready[sandbox_id] = task
+            if on_ready is not None:
+                # Cancelled (dropped: the spare is going): nothing to say about the bridge.
+                task.add_done_callback(lambda t: None if t.cancelled() else on_ready(sandbox_id, t.exception() is None))
 
     async def _connect(self, sandbox_id: str, paths: SandboxPaths) -> Any:
         from ashd.sandboxing import BridgeConnection

@@ -38,6 +38,8 @@ def zygote_warm() -> None:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ashd.bridge", description="ashd in-sandbox bridge")
     parser.add_argument("--socket", default="/run/ashd/bridge.sock", help="Unix socket to listen on")
+    parser.add_argument("--listen-fd", type=int, default=None,
+                        help="an inherited socket already listening at --socket (the launcher's): serve on it")
     parser.add_argument("--model-socket", default="/run/ashd/model.sock", help="the server's model proxy socket")
     parser.add_argument("--workspace", default="/workspace", help="the agent's working directory")
     parser.add_argument("--log-level", default="INFO")
@@ -47,7 +49,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 async def _serve(args: argparse.Namespace) -> int:
     from ashd.bridge._server import BridgeServer
 
-    server = BridgeServer(args.socket, args.model_socket or None, args.workspace)
+    server = BridgeServer(args.socket, args.model_socket or None, args.workspace, args.listen_fd)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)

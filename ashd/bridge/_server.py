@@ -23,8 +23,12 @@ LIMITS_CHECK_TIMEOUT = 30.0
 
 
 class BridgeServer:
-    def __init__(self, socket_path: str, model_socket: str | None, workspace: str) -> None:
+    def __init__(self, socket_path: str, model_socket: str | None, workspace: str,
+                 listen_fd: int | None = None) -> None:
         self.socket_path = socket_path
+        # A socket the launcher bound and listens on, inherited (socket activation): the server can
+        # connect and send before this process runs, and owns the path (docs/protocol.md).
+        self.listen_fd = listen_fd
         self.model_socket = model_socket
         self.workspace = Path(workspace)
         self.engine: AnyEngine | None = None
@@ -32,7 +36,13 @@ class BridgeServer:
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()  # the first connection came (the server's, or its warmer's)
 
-    async def serve(self) -> int:
+    def _listen(self) -> socket.socket:
+        if self.listen_fd is not None:
+            listener = socket.socket(fileno=self.listen_fd)
+            if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_STREAM:
+                listener.detach()
+                raise SystemExit(f"--listen-fd {self.listen_fd} is not a Unix stream socket")
+            return listener
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)  # a stale socket from an earlier bridge
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -43,8 +53,13 @@ class BridgeServer:
             os.umask(old_umask)
         os.chmod(self.socket_path, 0o600)
         listener.listen(4)
+        return listener
+
+    async def serve(self) -> int:
+        listener = self._listen()
         listener.setblocking(False)
-        log.info("bridge listening on %s (pid %d)", self.socket_path, os.getpid())
+        log.info("bridge listening on %s (pid %d%s)", self.socket_path, os.getpid(),
+                 ", inherited" if self.listen_fd is not None else "")
         accept = asyncio.create_task(self._accept(listener))
         try:
             await self._stop.wait()
@@ -57,8 +72,9 @@ class BridgeServer:
             if self.conn is not None:
                 await self.conn.close()
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
+            if self.listen_fd is None:  # an inherited socket's path is the launcher's
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.socket_path)
         return 0
 
     def stop(self) -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from typing import Any
 
 from ashd.errors import ConfigError, SandboxError
 from ashd.sandboxing import _layout as layout
+from ashd.sandboxing._activation import bridge_listener
 from ashd.sandboxing._bwrap import BWRAP, bwrap_argv, cgroup_wrapper
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup
 from ashd.sandboxing._disk import (
@@ -48,6 +50,7 @@ from ashd.sandboxing._types import (
     SandboxSpec,
 )
 from ashd.sandboxing._zygote_client import DEFAULT_PAYLOAD, ZygoteChild, ZygoteClient
+from ashd.zygote import PASSED_FD
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +287,14 @@ class SandboxLauncher:
             netns = None
             if spec.network and self._network is not None:
                 netns = self._network.attach(spec.sandbox_id).netns_path
-            child = self._spawner.submit(self._spawn, spec, cgroup, netns).result()
+            # The bridge's socket, listening before the sandbox starts (`_activation`); a program
+            # of the caller's own (`spec.argv`) gets none.
+            listener = bridge_listener(spec.paths.bridge_socket) if spec.argv is None else None
+            try:
+                child = self._spawner.submit(self._spawn, spec, cgroup, netns, listener).result()
+            finally:
+                if listener is not None:
+                    listener.close()  # the sandbox holds it now: it dies with the sandbox
         except BaseException:
             if cgroup is not None:
                 cgroup.kill_and_remove(CLEANUP_TIMEOUT)
@@ -319,25 +329,29 @@ class SandboxLauncher:
         return self._network.link(sandbox_id) if self._network is not None else None
 
     def _spawn(
-        self, spec: SandboxSpec, cgroup: SandboxCgroup | None, netns: str | None
+        self, spec: SandboxSpec, cgroup: SandboxCgroup | None, netns: str | None, listener: socket.socket | None
     ) -> PopenChild | ZygoteChild:
         log_path = spec.paths.logs / "sandbox.log"
+        listen_fd = listener.fileno() if listener is not None else None
         if self.weak:
-            return self._spawn_weak(spec, cgroup, log_path)
+            return self._spawn_weak(spec, cgroup, log_path, listen_fd)
         env = layout.sandbox_env(spec.env)
         plan = layout.mount_plan(spec, self.config.data_dir)
         if self._zygote is not None and (spec.argv is not None or self._zygote.has_payload):
             if not self._zygote.alive():
                 log.warning("sandbox zygote died; restarting it")
                 self._zygote.start()
-            return self._zygote.spawn(self._zygote_request(spec, cgroup, env, plan, log_path, netns))
-        argv = spec.argv if spec.argv is not None else layout.default_argv()
+            request = self._zygote_request(spec, cgroup, env, plan, log_path, netns)
+            if listen_fd is not None:
+                request["payload_args"] += ["--listen-fd", str(PASSED_FD)]
+            return self._zygote.spawn(request, pass_fd=listen_fd)
+        argv = spec.argv if spec.argv is not None else layout.default_argv(listen_fd)
         fd = program_fd(self._program(spec))
         try:
             cmd = bwrap_argv(plan, env, argv, netns=netns, seccomp_fd=fd, bwrap=self.config.bwrap)
             if cgroup is not None:
                 cmd = cgroup_wrapper(cgroup.join_files, cmd)
-            return self._popen(cmd, {}, "/", log_path, pass_fds=(fd,))
+            return self._popen(cmd, {}, "/", log_path, pass_fds=(fd,) if listen_fd is None else (fd, listen_fd))
         finally:
             os.close(fd)
 
@@ -369,7 +383,8 @@ class SandboxLauncher:
             "seccomp": self._program(spec).hex(),
         }
 
-    def _spawn_weak(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, log_path: Path) -> PopenChild:
+    def _spawn_weak(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, log_path: Path,
+                    listen_fd: int | None) -> PopenChild:
         """No namespaces: a plain child with a clean env, its own cwd and session."""
         env = layout.sandbox_env(spec.env)
         env.setdefault("HOME", str(spec.paths.home))
@@ -379,13 +394,15 @@ class SandboxLauncher:
         argv = (
             list(spec.argv)
             if spec.argv is not None
-            else [*layout.default_argv()[:-1], str(spec.paths.bridge_socket)]
+            else [*layout.default_argv()[:-1], str(spec.paths.bridge_socket),
+                  *(() if listen_fd is None else ("--listen-fd", str(listen_fd)))]
         )
         if os.access("/usr/bin/setpriv", os.X_OK):
             argv = ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *argv]
         if cgroup is not None:
             argv = cgroup_wrapper(cgroup.join_files, argv)
-        return self._popen(argv, env, str(spec.paths.workspace), log_path)
+        return self._popen(argv, env, str(spec.paths.workspace), log_path,
+                           pass_fds=() if listen_fd is None else (listen_fd,))
 
     @staticmethod
     def _popen(

@@ -5,19 +5,22 @@ Both launch routes translate the same list of `Mount`s, so their isolation canno
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from ashd.sandboxing import _installation
 from ashd.sandboxing._types import SANDBOX_HOME, SANDBOX_RUN, SANDBOX_WORKSPACE, SandboxSpec
 
-SANDBOX_UID = 65534
-SANDBOX_GID = 65534
+# Defined with the fork server's child, which must not import this package (`ashd/zygote`).
+from ashd.zygote import HOSTNAME as HOSTNAME
+from ashd.zygote import SANDBOX_GID as SANDBOX_GID
+from ashd.zygote import SANDBOX_UID as SANDBOX_UID
+from ashd.zygote import Mount as Mount
+
 SANDBOX_USER = "agent"
-HOSTNAME = "ashd-sandbox"
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Host paths the dynamic loader, Python and TLS need. Symlinks (merged /usr) are recreated as links.
@@ -33,22 +36,6 @@ _ETC_PATHS = (
     "/etc/alternatives",
     "/etc/mime.types",
 )
-
-
-@dataclass(frozen=True)
-class Mount:
-    """kind: dir | ro-bind | bind | tmpfs | proc | dev | symlink (src is the link target)."""
-
-    kind: str
-    dest: str
-    src: str = ""
-
-    def to_json(self) -> list[str]:
-        return [self.kind, self.dest, self.src]
-
-    @classmethod
-    def from_json(cls, item: list[str]) -> Mount:
-        return cls(item[0], item[1], item[2])
 
 
 def etc_dir(data_dir: Path) -> Path:
@@ -155,17 +142,33 @@ def _base_plan(data_dir: Path, *, network: bool, tmp: str) -> list[Mount]:
     return plan
 
 
+# Stand-ins for a sandbox's own directories in the cached plan (no host path starts with NUL).
+_OWN = ("\0tmp", "\0workspace", "\0home", "\0run")
+
+
 def mount_plan(spec: SandboxSpec, data_dir: Path) -> list[Mount]:
-    plan = _base_plan(data_dir, network=spec.network, tmp=str(spec.paths.tmp))
+    own = dict(zip(_OWN, (str(spec.paths.tmp), str(spec.paths.workspace), str(spec.paths.home),
+                          str(spec.paths.run)), strict=True))
+    return [Mount(m.kind, m.dest, own[m.src]) if m.src in own else m
+            for m in _plan_for(data_dir, sys.executable, spec.network)]
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_for(data_dir: Path, executable: str, network: bool) -> tuple[Mount, ...]:
+    """Every sandbox's plan but its own directories: the host's system paths and the installation
+    are read once per process (half a millisecond of a launch's CPU otherwise, mostly the parents'
+    walk), as the installation's binds always were (`_installation.cached_mounts`)."""
+    tmp, workspace, home, run = _OWN
+    plan = _base_plan(data_dir, network=network, tmp=tmp)
     # The interpreter, the environment and the ashd package, by rule (see _installation).
     plan += [Mount(m.kind, m.dest, m.src) for m in _installation.cached_mounts(
         _installation.Installation.current(), system_roots(), tuple(m.dest for m in plan), str(data_dir))]
     plan += [
-        Mount("bind", SANDBOX_WORKSPACE, str(spec.paths.workspace)),
-        Mount("bind", SANDBOX_HOME, str(spec.paths.home)),
-        Mount("bind", SANDBOX_RUN, str(spec.paths.run)),
+        Mount("bind", SANDBOX_WORKSPACE, workspace),
+        Mount("bind", SANDBOX_HOME, home),
+        Mount("bind", SANDBOX_RUN, run),
     ]
-    return _with_parents(plan)
+    return tuple(_with_parents(plan))
 
 
 def sandbox_env(spec_env: Mapping[str, str]) -> dict[str, str]:
@@ -183,5 +186,7 @@ def sandbox_env(spec_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def default_argv() -> tuple[str, ...]:
-    return (sys.executable, "-I", "-m", "ashd.bridge", "--socket", f"{SANDBOX_RUN}/bridge.sock")
+def default_argv(listen_fd: int | None = None) -> tuple[str, ...]:
+    """The bridge's command line; `listen_fd`: the inherited socket it serves on (`_activation`)."""
+    argv = (sys.executable, "-I", "-m", "ashd.bridge", "--socket", f"{SANDBOX_RUN}/bridge.sock")
+    return argv if listen_fd is None else (*argv, "--listen-fd", str(listen_fd))

@@ -24,7 +24,7 @@ from ashd.errors import SandboxError
 ASHD_PACKAGE = os.path.dirname(os.path.abspath(ashd.__file__))
 ASHD_ROOT = os.path.dirname(ASHD_PACKAGE)
 ZYGOTE_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-               "from ashd.sandboxing._zygote import main; sys.exit(main(sys.argv[1:]))")
+               "from ashd.zygote._fork_server import main; sys.exit(main(sys.argv[1:]))")
 log = logging.getLogger(__name__)
 
 DEFAULT_PAYLOAD = "ashd.bridge.__main__:main"
@@ -152,13 +152,21 @@ class ZygoteClient:
             child.set_status(-9)
         replies.put({"error": "the sandbox fork server exited"})
 
-    def spawn(self, request: dict[str, Any]) -> ZygoteChild:
+    def spawn(self, request: dict[str, Any], pass_fd: int | None = None) -> ZygoteChild:
+        """`pass_fd`: an fd the sandbox's payload gets as fd 3 (`PASSED_FD`), sent with the request."""
         with self._lock:
             sock = self._sock
         if sock is None or not self.alive():
             raise SandboxError("the sandbox fork server is not running")
+        line = json.dumps({"spawn": request}).encode() + b"\n"
         with self._spawn_lock:
-            sock.sendall(json.dumps({"spawn": request}).encode() + b"\n")
+            if pass_fd is None:
+                sock.sendall(line)
+            else:
+                # The fd rides on the first byte sent; one request at a time (this lock, and the
+                # wait for its reply below) keeps it with its own request on the zygote's side.
+                sent = socket.send_fds(sock, [line], [pass_fd])
+                sock.sendall(line[sent:])
             try:
                 reply = self._replies.get(timeout=SPAWN_TIMEOUT)
             except queue.Empty:

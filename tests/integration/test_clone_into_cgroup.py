@@ -21,7 +21,7 @@ pytestmark = pytest.mark.sandbox
 
 CHILD = """
 import json, os, sys
-from ashd.sandboxing import _zygote_child as child
+from ashd.zygote import _child as child
 fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
 r, w = os.pipe()
 pid = child.fork_into_new_pid_namespace(fd)

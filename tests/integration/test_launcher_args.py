@@ -10,6 +10,7 @@ purpose: first in the launcher's mutation test list (pyproject.toml) so mutants 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ import pytest
 
 import ashd
 from ashd.errors import SandboxError
-from ashd.sandboxing import ExitReason, LauncherConfig, SandboxLauncher, SandboxSpec
+from ashd.sandboxing import BridgeConnection, ExitReason, LauncherConfig, SandboxLauncher, SandboxSpec
 from ashd.sandboxing._cgroups import CgroupTree
 from ashd.sandboxing._disk import MIB, is_mounted, loop_devices_of
 from ashd.sandboxing._egress_policy import EgressPolicy
@@ -63,7 +64,7 @@ def _zygote_pids(data_dir: Path) -> list[int]:
         return False
 
     return [p.pid for p in psutil.Process().children()
-            if "ashd.sandboxing._zygote" in " ".join(p.cmdline()) and logs_under(p.pid)]
+            if "ashd.zygote._fork_server" in " ".join(p.cmdline()) and logs_under(p.pid)]
 
 
 @pytest.fixture(scope="module", params=ROUTES)
@@ -117,9 +118,7 @@ def seen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             # argv None: the bridge itself (bwrap: the default argv; zygote: its payload).
             bridge_paths = launcher.prepare("bridge")
             bridge = launcher.launch(SandboxSpec("bridge", bridge_paths))
-            wait_for(lambda: bridge_paths.bridge_socket.exists() or bridge.poll() is not None, 60,
-                     "the bridge to listen")
-            out["bridge_listening"] = bridge_paths.bridge_socket.exists()
+            out["bridge_listening"] = _bridge_answers(bridge_paths.bridge_socket)  # its socket is the launcher's
             out["bridge_log"] = (bridge_paths.logs / "sandbox.log").read_text()
             bridge.kill()
             bridge.wait(30)
@@ -340,12 +339,25 @@ def test_weak_children_keep_a_home_the_caller_chose(weak: SandboxLauncher) -> No
     assert _weak_probe(weak, "usual", {"HOME": usual})["env"]["HOME"] == str(weak.paths_for("usual").home)
 
 
+def _bridge_answers(socket_path: Path) -> bool:
+    """The bridge answered a `hello`: with socket activation the file is there before it runs."""
+    async def hello() -> bool:
+        try:
+            conn = await BridgeConnection.connect(str(socket_path), timeout=60)
+        except (SandboxError, OSError):
+            return False
+        await conn.close()
+        return True
+
+    return asyncio.run(hello())
+
+
 def test_weak_children_run_the_bridge_when_no_argv_is_given(weak: SandboxLauncher) -> None:
     paths = weak.prepare("weak-bridge")
     proc = weak.launch(SandboxSpec("weak-bridge", paths))
     try:
-        wait_for(lambda: paths.bridge_socket.exists() or proc.poll() is not None, 60, "the bridge to listen")
-        assert proc.poll() is None, (paths.logs / "sandbox.log").read_text()
+        assert _bridge_answers(paths.bridge_socket), (paths.logs / "sandbox.log").read_text()
+        assert proc.poll() is None
     finally:
         proc.kill()
         proc.wait(30)

@@ -3,6 +3,7 @@ loss detection, tenant separation and a clean stop. What HTTP cannot reach is te
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import signal
@@ -17,9 +18,8 @@ import pytest
 
 from ashd.actors._pool import PoolActor, PoolConfig, default_capacity
 from ashd.actors._pool_types import Launching, LossReason, SandboxHandle, SandboxLost
-from ashd.actors._readiness import wait_bridge_ready
 from ashd.errors import CapacityError, SandboxError
-from ashd.sandboxing import SandboxLauncher, SandboxSpec
+from ashd.sandboxing import BridgeConnection, SandboxLauncher, SandboxSpec
 from tests.fixtures.sandboxes import FIXTURES, TEST_LIMITS, require_isolation, started_launcher, wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -71,8 +71,13 @@ class Harness:
         return handle
 
     def configure(self, handle: SandboxHandle) -> None:
-        """What a session does after a claim: connect to the bridge, then mark the sandbox ready."""
-        assert wait_bridge_ready(handle.paths.bridge_socket, ASK)
+        """What a session does after a claim: connect to the bridge (its answer, not the socket file,
+        says it runs: the file is the launcher's from the start), then mark the sandbox ready."""
+        async def hello() -> None:
+            conn = await BridgeConnection.connect(str(handle.paths.bridge_socket), timeout=ASK)
+            await conn.close()
+
+        asyncio.run(hello())
         self.pool.mark_ready(handle.sandbox_id).get(timeout=ASK)
 
     def next_loss(self) -> SandboxLost:

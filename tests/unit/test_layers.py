@@ -7,10 +7,12 @@
     actors        ashd.actors
     resources     ashd.sandboxing, ashd.storage, ashd.config, ashd.metrics
     base          ashd (the package root), ashd.errors, ashd.logs, ashd.pricing, ashd.model_names,
-                  ashd.engines, ashd.bridge
+                  ashd.engines, ashd.bridge, ashd.zygote
 
 `ashd.bridge` runs inside the sandbox: it imports nothing of the server, only itself and the
-shared leaves (`ashd`, `ashd.pricing`, `ashd.model_names`, `ashd.engines`). Imports under `TYPE_CHECKING` and
+shared leaves (`ashd`, `ashd.pricing`, `ashd.model_names`, `ashd.engines`). `ashd.zygote`, the fork
+server every sandbox is a copy of, imports only itself and `ashd`: its image is what each sandbox's
+fork copies and each exit unmaps. Imports under `TYPE_CHECKING` and
 inside functions count: they are dependencies all the same.
 
 A package's `_private` modules are its own: other packages import what its `__init__` names in
@@ -32,9 +34,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("actors", ("ashd.actors",)),
     ("resources", ("ashd.sandboxing", "ashd.storage", "ashd.config", "ashd.metrics")),
     ("base", ("ashd.errors", "ashd.logs", "ashd.pricing", "ashd.model_names", "ashd.engines", "ashd.bridge",
-              "ashd")),
+              "ashd.zygote", "ashd")),
 )
 BRIDGE_MAY_IMPORT = ("ashd.bridge", "ashd.pricing", "ashd.model_names", "ashd.engines")
+ZYGOTE_MAY_IMPORT = ("ashd.zygote",)
 ROOT = Path(ashd.__file__).parent
 
 
@@ -87,6 +90,11 @@ def violations(module: str, source: str) -> list[str]:
                 out.append(f"{module} imports {target}: the bridge runs in the sandbox and imports nothing "
                            "of the server")
             continue
+        if _within(module, "ashd.zygote"):
+            if not (target == "ashd" or any(_within(target, p) for p in ZYGOTE_MAY_IMPORT)):
+                out.append(f"{module} imports {target}: every sandbox is a fork of the fork server, which "
+                           "imports nothing of the server")
+            continue
         theirs = layer_of(target)
         if theirs < own:
             out.append(f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[theirs][0]}), a layer above it")
@@ -113,6 +121,8 @@ def test_the_check_catches_forbidden_imports() -> None:
     assert violations("ashd.backends._local", "def f():\n    from ashd.components import Components\n")
     assert violations("ashd.bridge._server", "from ashd.storage import Database\n")
     assert violations("ashd.bridge.engine._loop", "from ashd.errors import BadRequest\n")
+    assert violations("ashd.zygote._child", "from ashd.sandboxing import SANDBOX_UID\n")
+    assert violations("ashd.zygote._fork_server", "from ashd.errors import SandboxError\n")
     assert violations("ashd.runtime", "from ashd.http import build_app\n")
     assert violations("ashd.http._sessions", "from ashd.storage._sessions import Sessions\n")
     assert violations("ashd.runtime", "from ashd.actors._pool import PoolActor\n")

@@ -125,9 +125,9 @@ class RecordingWarmer(Warmer):
         super().__init__(*args)
         self.prepared: list[str] = []
 
-    def prepare(self, sandbox_id: str, paths: SandboxPaths) -> None:
+    def prepare(self, sandbox_id: str, paths: SandboxPaths, *args: Any) -> None:
         self.prepared.append(sandbox_id)
-        super().prepare(sandbox_id, paths)
+        super().prepare(sandbox_id, paths, *args)
 
 
 @dataclass

@@ -7,6 +7,7 @@ inherited socket:
 
     <- {"ready": true, "pid": N, "payload": bool, "ashd": "<the ashd package it imported>"}
     -> {"spawn": {...request...}}        <- {"pid": N} | {"error": "..."}
+       (with at most one fd in SCM_RIGHTS: the bridge's listening socket, fd 3 in the sandbox)
                                          <- {"exit": N, "status": <Popen-style returncode>}
 
 It reaps its children itself (it is their parent) and reports every exit, so the server can tell
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ashd
-from ashd.sandboxing import _zygote_child as child
+from ashd.zygote import _child as child
 
 # The bridge imports its engine lazily in main(); importing it here is what makes a spawn cheap.
 PRELOAD = ("httpx2", "ashd.bridge._server")
@@ -72,18 +73,19 @@ class _Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.buf = b""
+        self.fds: list[int] = []  # received with the request being read; the client sends one at a time
         self.clone_into_cgroup = True
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")
 
-    def spawn(self, req: dict[str, Any]) -> int:
+    def spawn(self, req: dict[str, Any], passed: list[int]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = self._fork(req)
         if pid == 0:
             try:
-                child.reset_after_fork(self.sock, [self.wake_r, self.wake_w])
+                child.reset_after_fork(self.sock, [self.wake_r, self.wake_w], keep=passed[0] if passed else None)
                 child.redirect_stdio(req["log"])
                 child.sandbox_main(req, self.pid, self.entry)
             finally:
@@ -118,11 +120,17 @@ class _Zygote:
             self.send({"exit": pid, "status": os.waitstatus_to_exitcode(status)})
 
     def handle(self, line: bytes) -> None:
-        req = json.loads(line)
+        passed, self.fds = self.fds, []
         try:
-            self.send({"pid": self.spawn(req["spawn"])})
+            req = json.loads(line)
+            if len(passed) > 1:
+                raise ValueError(f"a spawn takes at most one fd, got {len(passed)}")
+            self.send({"pid": self.spawn(req["spawn"], passed)})
         except Exception as exc:  # noqa: BLE001  (the server gets the reason; the zygote lives on)
             self.send({"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            for fd in passed:  # the child has its copy now
+                os.close(fd)
 
     def serve(self) -> None:
         self.send({"ready": True, "pid": self.pid, "payload": self.entry is not None,
@@ -137,7 +145,8 @@ class _Zygote:
                     os.read(self.wake_r, 4096)
                 self.reap()
             if self.sock.fileno() in ready:
-                data = self.sock.recv(1 << 20)
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 20, 4)
+                self.fds += fds
                 if not data:
                     return  # the server went away: our children die with us (PDEATHSIG)
                 self.buf += data

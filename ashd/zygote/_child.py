@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ashd.sandboxing._layout import HOSTNAME, SANDBOX_GID, SANDBOX_UID, Mount
+from ashd.zygote._mounts import HOSTNAME, SANDBOX_GID, SANDBOX_UID, Mount
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -407,13 +407,23 @@ def redirect_stdio(log_path: str) -> None:
     os.close(null)
 
 
-def reset_after_fork(sock: socket.socket, fds: list[int]) -> None:
+PASSED_FD = 3  # where the one fd a spawn request passed ends up (the bridge's `--listen-fd`)
+
+
+def reset_after_fork(sock: socket.socket, fds: list[int], keep: int | None = None) -> None:
     """Drop the zygote's fds (closing Python objects properly, so a later GC cannot close a
-    reused fd number) and signal set-up."""
+    reused fd number) and signal set-up; `keep`, the fd the request passed, becomes fd 3."""
     signal.set_wakeup_fd(-1)
-    sock.close()
+    if keep is not None and keep != PASSED_FD:
+        os.dup2(keep, PASSED_FD)  # whatever fd 3 was in the zygote (closed below anyway) is replaced
+        os.close(keep)
+    if keep is not None and sock.fileno() == PASSED_FD:
+        sock.detach()  # its number now holds the passed fd; the zygote's copy of the socket stays its own
+    else:
+        sock.close()
     for fd in fds:
-        os.close(fd)
+        if fd != PASSED_FD or keep is None:
+            os.close(fd)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
-    os.closerange(3, 65536)
+    os.closerange(3 if keep is None else PASSED_FD + 1, 65536)
