@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import signal
 import sys
@@ -302,7 +303,13 @@ def test_pool_answers_while_a_sandbox_is_destroyed(make_pool: Callable[..., Harn
 
     h = make_pool(stubborn, shutdown_grace=5.0)
     handle = h.claim("t", "s1")
-    wait_for(handle.paths.bridge_socket.exists, 30, "double listening")
+    try:
+        wait_for(handle.paths.bridge_socket.exists, 30, "double listening")
+    except AssertionError:
+        log = handle.paths.logs / "sandbox.log"
+        run = handle.paths.run
+        raise AssertionError(f"the double did not listen: {log.read_text() if log.exists() else 'no log'}; "
+                             f"its run dir: {oct(os.stat(run).st_mode) if run.exists() else 'none'}") from None
     proc = launcher._running[handle.sandbox_id]
     h.pool.release(handle.sandbox_id).get(timeout=ASK)
     # The ladder now waits 5 s on SIGTERM, which this payload ignores; the pool answers meanwhile.

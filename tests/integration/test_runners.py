@@ -670,7 +670,10 @@ async def test_message_options_attachments_config_and_logs_reach_the_runner(
     assert parse_frames(await resp.text())[-1].event == "done"
     status, body = await coordinator.call("POST", f"/api/sessions/{sid}/exec",
                                           json={"command": "cat attachments/facts.txt"})
-    assert status == 200 and body["stdout"] == "the sky is green\n", body
+    if not (status == 200 and body["stdout"] == "the sky is green\n"):
+        _, seen = await coordinator.call("POST", f"/api/sessions/{sid}/exec",
+                                         json={"command": "id; umask; ls -lan . attachments; pwd"})
+        raise AssertionError(f"{body}; in the sandbox: {seen}")
     status, body = await coordinator.call("GET", f"/api/sessions/{sid}/messages")
     users = [m for m in body["messages"] if m["role"] == "user"]
     assert status == 200 and attachment in json.dumps(users[-1]), users
