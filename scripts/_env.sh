@@ -30,6 +30,11 @@ fi
 source "$ROOT/scripts/_python.sh"
 ashd_choose_python
 VENV="${VENV:-.venv}"
+# One setup of the virtualenv at a time: the README's offline start runs scripts/fake_model and
+# scripts/serve together, and on a fresh checkout both would make .venv at once (one of them then
+# fails on the other's half-made files). Released before the program runs.
+exec 9>"${VENV%/}.lock"
+flock 9
 ashd_venv "$VENV"
 EXTRAS="${1:-}"
 stamp="$VENV/.installed${EXTRAS:+-$EXTRAS}"
@@ -50,3 +55,4 @@ if ! fresh "$stamp" && ! { [ -z "$EXTRAS" ] && fresh "$VENV/.installed-dev"; }; 
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
   touch "$stamp"
 fi
+exec 9>&-
