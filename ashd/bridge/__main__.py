@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -25,6 +26,7 @@ ZYGOTE_PRELOAD = (
     "mcp.client.stdio",
     "mcp.client.streamable_http",
     "mcp.client.sse",
+    "ashd.bridge._reaper",
 )
 
 
@@ -53,6 +55,12 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
+    reaper = None
+    if os.getpid() == 1:  # its sandbox's init (the zygote route): the orphans are ours to reap
+        from ashd.bridge._reaper import OrphanReaper
+
+        reaper = OrphanReaper(loop)
+        reaper.install()
     from ashd.bridge._warm import warm_when_idle
 
     # The first turn's page copies, made while a spare waits for its session (ashd/bridge/_warm.py).
@@ -61,6 +69,8 @@ async def _serve(args: argparse.Namespace) -> int:
         return await server.serve()
     finally:
         warming.cancel()
+        if reaper is not None:
+            reaper.close()
 
 
 def main(argv: list[str] | None = None) -> int:

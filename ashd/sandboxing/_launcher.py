@@ -307,6 +307,7 @@ class SandboxLauncher:
             paths=spec.paths,
             cgroup=cgroup,
             isolated=not self.weak,
+            init_is_payload=isinstance(child, ZygoteChild) and spec.argv is None,
             oom_kills_before=oom_before,
             on_cleanup=self._forget,
             limits=spec.limits,
@@ -372,6 +373,8 @@ class SandboxLauncher:
         return {
             "argv": list(spec.argv) if spec.argv is not None else None,
             "payload_args": list(BRIDGE_ARGS),
+            # The bridge is the sandbox's pid 1 and reaps its orphans itself (ashd/zygote/_child.py).
+            "payload_is_init": spec.argv is None,
             "env": env,
             "cwd": SANDBOX_WORKSPACE,
             "netns": netns,

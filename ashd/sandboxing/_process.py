@@ -2,10 +2,11 @@
 
 The pid we hold is the sandbox's host-side process: on the bwrap route its *monitor* (bwrap's
 outer process; below it, after a second, unprivileged bwrap, runs the sandbox's pid 1), on the
-zygote route the sandbox's pid 1 itself (a reaper, the zygote's child). The payload runs below
-that pid 1. Signals go only to the payload: the processes of
-the sandbox's pid namespace other than its pid 1, so a payload that ignores SIGTERM really
-survives SIGTERM (a monitor would otherwise die of it and take the payload along).
+zygote route the sandbox's pid 1 itself (the zygote's child). The payload runs below that pid 1,
+a reaper, except the bridge on the zygote route, which is its sandbox's pid 1 (`init_is_payload`).
+Signals go only to the payload: the processes of the sandbox's pid namespace other than a reaping
+pid 1, so a payload that ignores SIGTERM really survives SIGTERM (a monitor would otherwise die of
+it and take the payload along).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class SandboxProcess:
         paths: SandboxPaths,
         cgroup: SandboxCgroup | None,
         isolated: bool,
+        init_is_payload: bool = False,
         oom_kills_before: int = 0,
         on_cleanup: Callable[[SandboxProcess], None] | None = None,
         limits: SandboxLimits | None = None,
@@ -100,6 +102,8 @@ class SandboxProcess:
         self.cgroup = cgroup
         # Isolated: the held pid reports a payload's death by signal N as 128+N, as bwrap does.
         self.isolated = isolated
+        # The payload is the pid 1 of its namespace: signals meant for the payload go to it too.
+        self.init_is_payload = init_is_payload
         self._child = child
         self._oom_before = oom_kills_before
         self._on_cleanup = on_cleanup
@@ -155,7 +159,7 @@ class SandboxProcess:
         pids = self.sandbox_pids()
         if not self.isolated:
             return pids
-        return [p for p in pids if _is_payload(p)]
+        return [p for p in pids if _is_payload(p) or (self.init_is_payload and _is_sandbox_init(p))]
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is not None:

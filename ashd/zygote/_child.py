@@ -12,6 +12,12 @@
 Nothing in the sandbox's pid namespace stays root, as with bubblewrap's own init. The zygote is
 the init's parent and reaps it: there is no host-side monitor process between them, which is one
 forked interpreter (about 1.5 MiB of private pages) less per sandbox (docs/performance.md).
+
+The bridge (`payload_is_init` in the request) is its sandbox's pid 1 itself: the init drops its
+privileges and runs it instead of forking it, and the bridge reaps the orphans that pid 1 inherits
+(`ashd/bridge/_reaper.py`). A second copy of the fork server's image per sandbox cost a page-table
+copy at its fork, copy-on-write faults and an unmap at its exit: about 9 ms of CPU per sandbox
+(docs/performance.md, twenty-fifth pass). A program of the caller's own keeps the reaping init.
 Runs in a forked copy of a single-threaded zygote, so only async-signal-safe-ish work is done and
 every failure ends in os._exit.
 """
@@ -282,14 +288,21 @@ def _run_payload(req: dict[str, Any], entry: Callable[[list[str]], object] | Non
     os.execvpe(argv[0], argv, req["env"])  # noqa: S606  (argv is the caller's program, no shell)
 
 
-def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None, gate: int) -> None:
+def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None, gate: int | None) -> None:
+    """The payload's process: pid 2 below a reaping init (`gate` given), or the init itself."""
     code = 0
     try:
-        os.setsid()
-        _drop_privileges()
+        if gate is None:
+            _drop_privileges()
+            # The uid change cleared the parent-death signal: the init still dies with the zygote.
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        else:
+            os.setsid()
+            _drop_privileges()
         install_seccomp(bytes.fromhex(req["seccomp"]))  # a request without a filter fails closed
-        os.read(gate, 1)  # end of file once pid 1 is no longer root (`_init_main`)
-        os.close(gate)
+        if gate is not None:
+            os.read(gate, 1)  # end of file once pid 1 is no longer root (`_init_main`)
+            os.close(gate)
         _run_payload(req, entry)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -313,6 +326,8 @@ def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None)
     _enter_root(newroot)
     apply_plan([Mount.from_json(m) for m in req["plan"]], newroot)
     _pivot(newroot)
+    if req.get("payload_is_init"):
+        _payload_main(req, entry, None)  # never returns
     # pid 1 forks the payload as root (the payload drops its own privileges), then drops its own.
     # The payload waits on `gate` until that is done: on a loaded host pid 1 could otherwise still
     # be root, unfiltered, while the payload already runs (seen: the payload listening beside a

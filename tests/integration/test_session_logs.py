@@ -4,9 +4,13 @@ through `GET /api/sessions/{id}/logs`, with real sandboxes, bridges and the fake
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -266,29 +270,43 @@ async def test_the_published_client_parses_the_logs(lapi: Api) -> None:
     assert [item.index for item in later.logs] == [item.index for item in parsed.logs[2:]]
 
 
-_DIE = (
-    "import os, signal, sys, threading, time\n"
-    "def die():\n"
-    "    time.sleep(1.5)\n"
-    "    sys.stderr.write('last-words-of-the-sandbox\\n'); sys.stderr.flush()\n"
-    "    os.kill(os.getppid(), signal.SIGKILL)\n"
-    "threading.Thread(target=die, daemon=True).start()\n"
+_LAST_WORDS = (
+    "import sys\n"
+    "sys.stderr.write('last-words-of-the-sandbox\\n'); sys.stderr.flush()\n"
 )
-DYING_MCP = (Path(__file__).resolve().parent.parent / "fixtures" / "mcp_echo_server.py").read_text().replace(
-    'if __name__ == "__main__":', _DIE + 'if __name__ == "__main__":')
+TALKING_MCP = (Path(__file__).resolve().parent.parent / "fixtures" / "mcp_echo_server.py").read_text().replace(
+    'if __name__ == "__main__":', _LAST_WORDS + 'if __name__ == "__main__":')
+
+
+def _parent_of(cmdline_part: str) -> int:
+    """The host pid of the parent of the one process whose command line holds `cmdline_part`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if cmdline_part in Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"):
+                    status = Path(f"/proc/{entry}/status").read_text()
+                    found.append(int(status.split("PPid:")[1].split()[0]))
+    assert len(found) == 1, found
+    return found[0]
 
 
 async def test_a_crashed_sandbox_leaves_its_last_lines(lapi: Api) -> None:
-    # An MCP server (the engine's child, on the bridge's stderr) that writes a line and kills the
-    # bridge: the sandbox goes, and its last line is read from the file after its directory went.
-    files = [{"path": "AGENT.md", "content": "You crash."}, {"path": "dying.py", "content": DYING_MCP},
+    # An MCP server (the engine's child, on the bridge's stderr) writes a line; then the bridge dies
+    # as a crash or an OOM kill would end it: the sandbox goes, and its last line is read from the
+    # file after its directory went. The bridge is killed from the host: code in the sandbox cannot
+    # signal it (on the zygote route it is the pid 1 of the sandbox's pid namespace).
+    server = f"talking-{uuid.uuid4().hex[:8]}.py"
+    files = [{"path": "AGENT.md", "content": "You crash."}, {"path": server, "content": TALKING_MCP},
              {"path": ".mcp.json", "content": json.dumps(
-                 {"mcpServers": {"dying": {"command": sys.executable, "args": ["/workspace/dying.py"]}}})}]
+                 {"mcpServers": {"talking": {"command": sys.executable, "args": [f"/workspace/{server}"]}}})}]
     status, body = await lapi.call("POST", "/api/agents", json={"name": "crashing", "files": files})
     assert status == 201, body
     status, body = await lapi.call("POST", "/api/sessions", json={"agent": "crashing"})
     assert status == 201, body
     sid = body["session"]["id"]
+    await wait_for_line(lapi, sid, "last-words-of-the-sandbox", timeout=30)
+    os.kill(_parent_of(f"/workspace/{server}"), signal.SIGKILL)
     deadline = time.monotonic() + 30
     while (await lapi.call("GET", f"/api/sessions/{sid}"))[1]["session"]["status"] != "paused":
         assert time.monotonic() < deadline, "the lost sandbox never paused its session"
