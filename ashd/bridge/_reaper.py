@@ -13,7 +13,8 @@ only zombies that no one else waits for:
   adopted process of the bridge's session) is reaped once it has stayed a zombie for `GRACE`
   seconds: asyncio reaps its own children within a loop iteration of their exit.
 
-It runs on SIGCHLD, which the kernel sends pid 1 for adopted children as for its own.
+It runs on SIGCHLD, which the kernel sends pid 1 for adopted children as for its own; the signals
+of one loop iteration (a command's whole process group ending) make one sweep.
 """
 
 from __future__ import annotations
@@ -57,10 +58,16 @@ class OrphanReaper:
         self.reaped = 0
         self._first_seen: dict[int, float] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._pending = False
 
     def install(self) -> None:
-        self.loop.add_signal_handler(signal.SIGCHLD, self.sweep)
+        self.loop.add_signal_handler(signal.SIGCHLD, self._on_sigchld)
         self.sweep()  # what was adopted before the handler was there
+
+    def _on_sigchld(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self.loop.call_soon(self.sweep)
 
     def close(self) -> None:
         with contextlib.suppress(ValueError, RuntimeError):
@@ -69,6 +76,7 @@ class OrphanReaper:
             self._timer.cancel()
 
     def sweep(self) -> None:
+        self._pending = False
         now = time.monotonic()
         waiting: dict[int, float] = {}
         for pid, session in zombie_children(self.pid):
