@@ -20,8 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from ashd.sandboxing import BridgeConnection, SandboxLauncher, SandboxProcess, SandboxSpec
-from tests.fixtures.sandboxes import ROUTES, require_isolation, started_launcher
+from ashd.sandboxing import BridgeConnection, SandboxLauncher
+from tests.fixtures.sandboxes import (
+    ROUTES,
+    bridge_exec,
+    launch_bridge,
+    require_isolation,
+    started_launcher,
+    stop_sandbox,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -44,19 +51,8 @@ def launcher(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         yield launcher
 
 
-def _launch_bridge(launcher: SandboxLauncher, sandbox_id: str) -> SandboxProcess:
-    paths = launcher.prepare(sandbox_id)
-    return launcher.launch(SandboxSpec(sandbox_id, paths))
-
-
-def _gone(proc: SandboxProcess) -> None:
-    proc.kill()
-    proc.wait(30)
-    proc.cleanup()
-
-
 def test_a_connect_made_at_launch_is_answered_once_the_bridge_is_up(launcher: SandboxLauncher) -> None:
-    proc = _launch_bridge(launcher, "act-early")
+    proc = launch_bridge(launcher, "act-early")
     try:
         sock = proc.paths.bridge_socket
         info = os.stat(sock)  # there at once: the launcher's, not the sandbox user's
@@ -74,31 +70,24 @@ def test_a_connect_made_at_launch_is_answered_once_the_bridge_is_up(launcher: Sa
         assert pid is not None, (proc.paths.logs / "sandbox.log").read_text()
         assert "inherited" in (proc.paths.logs / "sandbox.log").read_text()
     finally:
-        _gone(proc)
+        stop_sandbox(proc)
 
 
 def test_code_in_the_sandbox_cannot_connect_to_its_own_bridge(launcher: SandboxLauncher) -> None:
     """A new connection replaces the server's: the sandbox must not be able to make one."""
-    proc = _launch_bridge(launcher, "act-self")
+    proc = launch_bridge(launcher, "act-self")
     try:
-        async def probe() -> dict[str, object]:
-            conn = await BridgeConnection.connect(str(proc.paths.bridge_socket), timeout=60)
-            try:
-                return await conn.exec([sys.executable, "-I", "-c", PROBE], timeout=30)
-            finally:
-                await conn.close()
-
-        result = asyncio.run(probe())
+        result = bridge_exec(proc, [sys.executable, "-I", "-c", PROBE])
         assert result["exitCode"] == 0, result
         assert str(result["stdout"]).strip() == "EACCES", result
     finally:
-        _gone(proc)
+        stop_sandbox(proc)
 
 
 def test_a_dead_sandboxs_socket_refuses_at_once(launcher: SandboxLauncher) -> None:
     """The launcher closed its copy of the listening socket: once the sandbox is gone nobody holds
     it, so a connect is refused rather than queued for a bridge that will never take it."""
-    proc = _launch_bridge(launcher, "act-dead")
+    proc = launch_bridge(launcher, "act-dead")
     path = str(proc.paths.bridge_socket)
     proc.kill()
     proc.wait(30)

@@ -8,7 +8,6 @@ theirs, and SIGTERM still stops a bridge (a pid 1 ignores signals it has no hand
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Iterator
@@ -16,8 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from ashd.sandboxing import BridgeConnection, SandboxLauncher, SandboxProcess, SandboxSpec, ShutdownRung
-from tests.fixtures.sandboxes import ROUTES, require_isolation, started_launcher
+from ashd.sandboxing import SandboxLauncher, SandboxProcess, ShutdownRung
+from tests.fixtures.sandboxes import (
+    ROUTES,
+    bridge_exec,
+    launch_bridge,
+    require_isolation,
+    started_launcher,
+    stop_sandbox,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -58,28 +64,13 @@ def _zombies(proc: SandboxProcess) -> list[str]:
     return [s["Name"] for s in _namespace_processes(proc).values() if s["State"].startswith("Z")]
 
 
-def _exec(proc: SandboxProcess, argv: list[str]) -> dict[str, object]:
-    async def run() -> dict[str, object]:
-        conn = await BridgeConnection.connect(str(proc.paths.bridge_socket), timeout=60)
-        try:
-            return await conn.exec(argv, timeout=30)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
-
-
-def _launch(launcher: SandboxLauncher, sandbox_id: str) -> SandboxProcess:
-    return launcher.launch(SandboxSpec(sandbox_id, launcher.prepare(sandbox_id)))
-
-
 def test_orphans_are_reaped_and_exit_codes_kept(launcher: SandboxLauncher) -> None:
-    proc = _launch(launcher, "init-orphans")
+    proc = launch_bridge(launcher, "init-orphans")
     try:
-        _exec(proc, ["true"])  # the bridge is up
+        bridge_exec(proc, ["true"])  # the bridge is up
         idle = _namespace_processes(proc)  # the bridge, below bwrap's init on bwrap's route
         for _ in range(3):
-            result = _exec(proc, ["sh", "-c", ORPHANS])
+            result = bridge_exec(proc, ["sh", "-c", ORPHANS])
             assert result["exitCode"] == 7, result
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and _namespace_processes(proc).keys() != idle.keys():
@@ -88,22 +79,20 @@ def test_orphans_are_reaped_and_exit_codes_kept(launcher: SandboxLauncher) -> No
         assert _namespace_processes(proc).keys() == idle.keys()
         assert proc.poll() is None, (proc.paths.logs / "sandbox.log").read_text()
     finally:
-        proc.kill()
-        proc.wait(30)
-        proc.cleanup()
+        stop_sandbox(proc)
 
 
 def test_on_the_zygote_route_the_bridge_is_pid_1_unprivileged_and_filtered(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     require_isolation()
     with started_launcher(tmp_path_factory.mktemp("init-z"), "zygote") as launcher:  # short: a socket path
-        _check_alone(_launch(launcher, "init-alone"))
+        _check_alone(launch_bridge(launcher, "init-alone"))
 
 
 def _check_alone(proc: SandboxProcess) -> None:
     try:
         assert proc.init_is_payload
-        _exec(proc, ["true"])  # the bridge is up
+        bridge_exec(proc, ["true"])  # the bridge is up
         pids = proc.sandbox_pids()
         assert pids == [proc.pid], pids  # one process: no separate init
         status = _status(proc.pid)
@@ -113,18 +102,14 @@ def _check_alone(proc: SandboxProcess) -> None:
             assert int(status[caps], 16) == 0, (caps, status[caps])
         assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", status
     finally:
-        proc.kill()
-        proc.wait(30)
-        proc.cleanup()
+        stop_sandbox(proc)
 
 
 def test_sigterm_stops_the_bridge(launcher: SandboxLauncher) -> None:
-    proc = _launch(launcher, "init-term")
+    proc = launch_bridge(launcher, "init-term")
     try:
-        _exec(proc, ["true"])
+        bridge_exec(proc, ["true"])
         assert proc.shutdown(None, grace=10) == ShutdownRung.SIGTERM
         assert proc.wait(10).returncode == 0
     finally:
-        proc.kill()
-        proc.wait(30)
-        proc.cleanup()
+        stop_sandbox(proc)

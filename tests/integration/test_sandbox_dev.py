@@ -4,15 +4,21 @@ the sandbox user can add to it (the zygote route makes the nodes with mknod, bwr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterator
 
 import pytest
 
-from ashd.sandboxing import BridgeConnection, SandboxLauncher, SandboxSpec
-from tests.fixtures.sandboxes import ROUTES, require_isolation, started_launcher
+from ashd.sandboxing import SandboxLauncher
+from tests.fixtures.sandboxes import (
+    ROUTES,
+    bridge_exec,
+    launch_bridge,
+    require_isolation,
+    started_launcher,
+    stop_sandbox,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -58,16 +64,9 @@ def launcher(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 def test_dev_has_working_devices_and_nothing_can_be_added(launcher: SandboxLauncher) -> None:
-    proc = launcher.launch(SandboxSpec("dev-probe", launcher.prepare("dev-probe")))
+    proc = launch_bridge(launcher, "dev-probe")
     try:
-        async def probe() -> dict[str, object]:
-            conn = await BridgeConnection.connect(str(proc.paths.bridge_socket), timeout=60)
-            try:
-                return await conn.exec([sys.executable, "-I", "-c", PROBE], timeout=30)
-            finally:
-                await conn.close()
-
-        result = asyncio.run(probe())
+        result = bridge_exec(proc, [sys.executable, "-I", "-c", PROBE])
         assert result["exitCode"] == 0, result
         out = json.loads(str(result["stdout"]))
         assert out["nodes"] == {
@@ -83,6 +82,4 @@ def test_dev_has_working_devices_and_nothing_can_be_added(launcher: SandboxLaunc
             assert out["create"] == "EACCES"
         assert out["shm"] == len("shared memory")
     finally:
-        proc.kill()
-        proc.wait(30)
-        proc.cleanup()
+        stop_sandbox(proc)
