@@ -313,13 +313,11 @@ def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | No
     """The payload's process: pid 2 below a reaping init (`gate` given), or the init itself."""
     code = 0
     try:
-        if gate is None:
-            _drop_privileges()
-            # The uid change cleared the parent-death signal: the init still dies with the zygote.
+        if gate is not None:
+            os.setsid()  # as the init is: a session of its own
+        _drop_privileges()
+        if gate is None:  # the init itself: the uid change cleared its death signal, armed again
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        else:
-            os.setsid()
-            _drop_privileges()
         install_seccomp(bytes.fromhex(req["seccomp"]))  # a request without a filter fails closed
         if gate is not None:
             os.read(gate, 1)  # end of file once pid 1 is no longer root (`_init_main`)
