@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -31,13 +32,19 @@ ZYGOTE_PRELOAD = (
 
 
 def zygote_warm() -> None:
-    """Called once by the fork server after the preloads: the model client's first-request work."""
+    """Called once by the fork server after the preloads: the model client's first-request work,
+    then the argument parser and the log handler every bridge would otherwise build for itself."""
     from ashd.bridge._warm import warm
 
     warm()
+    # Built here, each child only uses them. Built in each child they cost a sandbox's start about
+    # 450 copy-on-write page faults and 3 ms of CPU on a slow host (docs/performance.md, 26th pass).
+    _parser()
+    _configure_logging("INFO")
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ashd.bridge", description="ashd in-sandbox bridge")
     parser.add_argument("--socket", default="/run/ashd/bridge.sock", help="Unix socket to listen on")
     parser.add_argument("--listen-fd", type=int, default=None,
@@ -45,7 +52,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-socket", default="/run/ashd/model.sock", help="the server's model proxy socket")
     parser.add_argument("--workspace", default="/workspace", help="the agent's working directory")
     parser.add_argument("--log-level", default="INFO")
-    return parser.parse_args(argv)
+    return parser
+
+
+def _configure_logging(level_name: str) -> None:
+    """The bridge's log lines on stderr (the sandbox's log file); a fork server's child finds the
+    handler made by `zygote_warm` and changes a level only where it differs: `setLevel` clears
+    every logger's cache, a write to each of them."""
+    level = logging.getLevelName(level_name.upper())
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s bridge %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        # httpx2/mcp are chatty at INFO (one line per request); keep the bridge log about the bridge.
+        for noisy in ("httpx", "httpx2", "mcp"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    want = level if isinstance(level, int) else logging.INFO
+    if root.level != want:
+        root.setLevel(want)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -74,15 +99,8 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        stream=sys.stderr,
-        format="%(asctime)s bridge %(levelname)s %(name)s: %(message)s",
-    )
-    # httpx2/mcp are chatty at INFO (one line per request); keep the bridge log about the bridge.
-    for noisy in ("httpx", "httpx2", "mcp"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = _parser().parse_args(argv)
+    _configure_logging(str(args.log_level))
     try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:

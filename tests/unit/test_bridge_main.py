@@ -1,0 +1,46 @@
+"""The bridge's entry: its log set-up, which a fork server runs once and each child reuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def run(code: str) -> str:
+    # A fresh interpreter: the root logger's handlers are process-wide state.
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            check=True, timeout=60)
+    return result.stderr
+
+
+def test_a_child_reuses_the_handler_and_takes_its_own_level() -> None:
+    err = run("""
+        import logging, os
+        from ashd.bridge import __main__ as m
+        m._configure_logging("INFO")            # what zygote_warm does in the fork server
+        handler = logging.getLogger().handlers[0]
+        if os.fork() == 0:                      # a sandbox's bridge
+            m._configure_logging("debug")
+            root = logging.getLogger()
+            assert root.handlers == [handler], root.handlers
+            assert root.level == logging.DEBUG
+            logging.getLogger("ashd.x").debug("from the child")
+            logging.getLogger("httpx2").info("chatty")   # kept quiet below WARNING
+            os._exit(0)
+        os.wait()
+        m._configure_logging("no-such-level")  # an unknown name: INFO, as basicConfig's fallback was
+        assert logging.getLogger().level == logging.INFO
+        logging.getLogger("ashd.x").debug("not shown")
+    """)
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].endswith(" bridge DEBUG ashd.x: from the child"), err
+
+
+def test_the_parser_is_built_once() -> None:
+    from ashd.bridge import __main__ as m
+
+    assert m._parser() is m._parser()
+    args = m._parser().parse_args(["--listen-fd", "3", "--log-level", "WARNING"])
+    assert (args.listen_fd, args.log_level, args.socket) == (3, "WARNING", "/run/ashd/bridge.sock")
