@@ -71,7 +71,12 @@ async def _model_socket(body: bytes) -> AsyncIterator[str]:
     warm-up's requests take the real client's whole path (connect, HTTP/1.1, chunks, events), as a
     turn's do through the model proxy's socket."""
 
+    handlers: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            handlers[task] = writer
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -84,6 +89,8 @@ async def _model_socket(body: bytes) -> AsyncIterator[str]:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            if task is not None:
+                handlers.pop(task, None)
             writer.close()
 
     with tempfile.TemporaryDirectory(prefix="ashd-warm-") as folder:
@@ -93,6 +100,13 @@ async def _model_socket(body: bytes) -> AsyncIterator[str]:
             yield path
         finally:
             server.close()
+            # A connection the client kept open would leave its handler waiting for a request that
+            # never comes: a task and a socket kept for the bridge's life, or, in the fork server,
+            # cancelled by `asyncio.run`'s end with a traceback in its log. Closed, it reads the end.
+            for writer in handlers.values():
+                writer.close()
+            if handlers:
+                await asyncio.wait(list(handlers), timeout=1)
             await server.wait_closed()
 
 

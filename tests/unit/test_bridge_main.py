@@ -44,3 +44,25 @@ def test_the_parser_is_built_once() -> None:
     assert m._parser() is m._parser()
     args = m._parser().parse_args(["--listen-fd", "3", "--log-level", "WARNING"])
     assert (args.listen_fd, args.log_level, args.socket) == (3, "WARNING", "/run/ashd/bridge.sock")
+
+
+def test_the_warm_up_leaves_nothing_running_and_logs_nothing() -> None:
+    # What the fork server runs once (`zygote_warm`) and a spare bridge runs again: its model socket's
+    # handlers must end with it (a handler left waiting was cancelled by `asyncio.run`'s end, with a
+    # traceback in the fork server's log at every start; in a bridge it stayed for the bridge's life).
+    err = run("""
+        import asyncio, gc
+        from ashd.bridge import _warm
+        _warm.warm()
+
+        async def in_a_running_loop():
+            await _warm._one_request()
+            await _warm._one_turn()
+            await asyncio.sleep(0)
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            assert not others, others
+
+        asyncio.run(in_a_running_loop())
+        gc.collect()
+    """)
+    assert err == "", err
