@@ -231,14 +231,18 @@ def _mount(source: str, target: Path, options: str) -> None:
         raise SandboxError(f"could not mount the sandbox disk on {target}: {os.strerror(err)}")
 
 
+def mount_options(*, discard: bool) -> str:
+    # noinit_itable: the kernel would otherwise zero every inode table in the background, filling a
+    # sparse image with zeros nobody needs.
+    return "noinit_itable" + (",discard" if discard else "")
+
+
 def mount_image(image: Path, target: Path, *, discard: bool) -> None:
     """Mount the image on `target` (nosuid, nodev). `discard` hands deleted blocks back to the host
     (the sparse image shrinks); never with a preallocated image, whose space stays reserved."""
     device, fd = _attach(image)
     try:
-        # noinit_itable: the kernel would otherwise zero every inode table in the background,
-        # filling a sparse image with zeros nobody needs.
-        _mount(device, target, "noinit_itable" + (",discard" if discard else ""))
+        _mount(device, target, mount_options(discard=discard))
     finally:
         os.close(fd)  # from here on the mount holds the device; unmounting frees it (auto-clear)
 
@@ -273,6 +277,19 @@ def mount_leftover_image(image: Path, target: Path, *, discard: bool, wait_secon
 
 def is_mounted(target: Path) -> bool:
     return os.path.ismount(target)
+
+
+def mounted_device(target: Path) -> tuple[str, int] | None:
+    """The block device mounted on `target` (its /dev path and number), or None when nothing is.
+    Read from the kernel's own tables (/sys/dev/block), not from a name kept since the mount."""
+    if not is_mounted(target):
+        return None
+    dev = os.stat(target).st_dev
+    try:
+        name = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"))
+    except OSError:
+        return None  # not a block device's filesystem
+    return f"/dev/{name}", dev
 
 
 def unmount(target: Path) -> None:

@@ -32,11 +32,13 @@ from ashd.sandboxing._disk import (
     is_mounted,
     mount_image,
     mount_leftover_image,
+    mount_options,
+    mounted_device,
     unmount,
 )
 from ashd.sandboxing._egress_policy import EgressPolicy, resolv_conf
 from ashd.sandboxing._isolation import isolation_problems, probe_isolation
-from ashd.sandboxing._netns import SandboxLink
+from ashd.sandboxing._netns import NETNS_DIR, SandboxLink
 from ashd.sandboxing._network import SandboxNetworking
 from ashd.sandboxing._process import CLEANUP_TIMEOUT, PopenChild, SandboxProcess
 from ashd.sandboxing._reaper import reap_leftovers
@@ -158,7 +160,8 @@ class SandboxLauncher:
             reap_leftovers(self.config.data_dir, None)
         if self.config.use_zygote and not self.weak:
             (self.sandboxes_dir / ".newroot").mkdir(mode=0o700, exist_ok=True)
-            self._zygote = ZygoteClient(self.sandboxes_dir / "zygote.log", self.config.zygote_payload)
+            self._zygote = ZygoteClient(self.sandboxes_dir / "zygote.log", self.config.zygote_payload,
+                                        detach_under=(str(self.sandboxes_dir), str(NETNS_DIR)))
             self._spawner.submit(self._zygote.start).result()
         self._started = True
 
@@ -215,6 +218,11 @@ class SandboxLauncher:
         self._started = False
 
     # -- directories -----------------------------------------------------------------------------
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The sandboxes' fork server's pid, None when there is none (operators' tools and tests)."""
+        return self._zygote.pid if self._zygote is not None else None
 
     def process(self, sandbox_id: str) -> SandboxProcess | None:
         """The running sandbox with this id (operators' tools and tests), or None."""
@@ -377,14 +385,27 @@ class SandboxLauncher:
             "payload_is_init": spec.argv is None,
             "env": env,
             "cwd": SANDBOX_WORKSPACE,
-            "netns": netns,
+            # Opened by the sandbox before its own mounts, in the zygote's mount namespace, which
+            # has neither the disk nor the netns: through this server's view of the tree.
+            "netns": _seen_by_server(netns) if netns else None,
+            "disk": self._disk_request(spec),
             "plan": [m.to_json() for m in plan],
             "newroot": str(self.sandboxes_dir / ".newroot"),
             "cgroup_join": [str(p) for p in cgroup.join_files] if cgroup else [],
             "cgroup_dir": str(cgroup.dirs["unified"]) if cgroup and cgroup.version == "v2" else None,
-            "log": str(log_path),
+            "log": _seen_by_server(str(log_path)),
             "seccomp": self._program(spec).hex(),
         }
+
+    def _disk_request(self, spec: SandboxSpec) -> dict[str, Any] | None:
+        """What the sandbox needs to mount its disk itself (`ashd/zygote/_child.py`): the device the
+        server mounted on `paths.disk`, none when the sandbox has no disk of its own."""
+        found = mounted_device(spec.paths.disk) if self._disk_quota else None
+        if found is None:
+            return None
+        device, dev = found
+        return {"source": device, "target": str(spec.paths.disk), "fstype": "ext4", "dev": dev,
+                "options": mount_options(discard=not self.config.preallocate_disk)}
 
     def _spawn_weak(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, log_path: Path,
                     listen_fd: int | None) -> PopenChild:
@@ -424,3 +445,9 @@ class SandboxLauncher:
                 pass_fds=pass_fds,
             )
         return PopenChild(popen)
+
+
+def _seen_by_server(path: str) -> str:
+    """`path` as this server sees it, from any mount namespace on the host: through its own root
+    (the zygote's namespace, `private_mount_namespace`, lacks what the server mounted since)."""
+    return f"/proc/{os.getpid()}/root{path}"

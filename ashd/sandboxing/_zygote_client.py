@@ -53,9 +53,12 @@ class ZygoteChild:
 
 
 class ZygoteClient:
-    def __init__(self, log_path: Path, payload: str = DEFAULT_PAYLOAD) -> None:
+    def __init__(self, log_path: Path, payload: str = DEFAULT_PAYLOAD, detach_under: tuple[str, ...] = ()) -> None:
+        """`detach_under`: folders whose mounts stay out of the zygote's own mount namespace (the
+        sandboxes' disks, the networked sandboxes' netns: `private_mount_namespace`)."""
         self.log_path = log_path
         self.payload = payload
+        self.detach_under = detach_under
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -66,6 +69,11 @@ class ZygoteClient:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and self._sock is not None
+
+    @property
+    def pid(self) -> int | None:
+        """The fork server's pid while it runs (operators' tools and tests)."""
+        return self._proc.pid if self.alive() and self._proc is not None else None
 
     def start(self) -> None:
         """Call from the launcher's long-lived spawner thread: the zygote's PDEATHSIG follows the
@@ -90,6 +98,7 @@ class ZygoteClient:
                     str(theirs.fileno()),
                     str(os.getpid()),
                     self.payload,
+                    *self.detach_under,
                 ],
                 pass_fds=[theirs.fileno()],
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},

@@ -29,6 +29,7 @@ import ctypes
 import fcntl
 import os
 import platform
+import re
 import runpy
 import signal
 import socket
@@ -190,6 +191,45 @@ def apply_plan(plan: list[Mount], root: str) -> None:
             raise ValueError(f"unknown mount kind {m.kind!r}")
 
 
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_points_under(folders: list[str]) -> list[str]:
+    """The mount points strictly below any of `folders` in this mount namespace, deepest first."""
+    prefixes = tuple(f.rstrip("/") + "/" for f in folders)
+    with open("/proc/self/mountinfo") as f:
+        points = [_unescape_mountinfo(line.split()[4]) for line in f]
+    return sorted({p for p in points if p.startswith(prefixes)}, key=len, reverse=True)
+
+
+def private_mount_namespace(detach_under: list[str]) -> None:
+    """The fork server's own mount namespace: a copy of the host's as it is now, that receives
+    nothing the server mounts later (a sandbox's disk, a networked sandbox's netns) and holds none
+    of those mounted before (a restart's), detached here.
+
+    Why: each sandbox's `unshare(CLONE_NEWNS)` copies its parent's mount table, makes every entry
+    private and detaches them all again at `pivot_root`: work per mount, per sandbox. In the host's
+    namespace that table holds every live sandbox's disk, so a create cost more the more sessions
+    were held (docs/performance.md, twenty-sixth pass). A sandbox mounts its own disk by its device
+    instead (`_mount_disk`), and what it opens before its own mounts goes through the server's view
+    of the tree (the launcher's `/proc/<server>/root/...` paths)."""
+    _unshare(CLONE_NEWNS)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    for point in mount_points_under(detach_under):
+        _libc.umount2(point.encode(), MNT_DETACH)  # one below another already detached: EINVAL, harmless
+
+
+def _mount_disk(disk: dict[str, Any] | None) -> None:
+    """The sandbox's disk, mounted in its own namespace by the device the server attached and
+    mounted it from: the same filesystem (one superblock), not a second instance of it."""
+    if not disk:
+        return
+    _mount(disk["source"], disk["target"], disk["fstype"], MS_NOSUID | MS_NODEV, disk["options"])
+    if os.stat(disk["target"]).st_dev != disk["dev"]:
+        raise RuntimeError(f"{disk['source']} is not the sandbox's disk any more")
+
+
 def _enter_root(newroot: str) -> None:
     _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     os.chdir(newroot)
@@ -340,6 +380,7 @@ def _payload_main(req: dict[str, Any], entry: Callable[[list[str]], object] | No
 def _init_main(req: dict[str, Any], entry: Callable[[list[str]], object] | None) -> None:
     _check(_libc.sethostname(HOSTNAME.encode(), len(HOSTNAME)), "sethostname")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount_disk(req.get("disk"))
     _loopback_up()  # a new netns starts with `lo` down (bwrap brings it up too)
     newroot = req["newroot"]
     _enter_root(newroot)

@@ -1,4 +1,5 @@
-"""The fork server: `python -I -c ZYGOTE_BOOT <ashd root> <fd> <server pid> <module:function>`.
+"""The fork server: `python -I -c ZYGOTE_BOOT <ashd root> <fd> <server pid> <module:function> [<dir>...]`,
+the dirs those whose mounts its own mount namespace leaves out (`child.private_mount_namespace`).
 
 Started once with an empty environment (a forked child's /proc/self/environ shows the zygote's
 original environment block, so no secret may ever be in it). It pre-imports the heavy modules,
@@ -161,6 +162,10 @@ def main(argv: list[str]) -> int:
     child._prctl(child.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != server_pid:
         return 1
+    try:
+        child.private_mount_namespace(argv[3:])
+    except OSError as exc:  # the host's namespace still works: only each create's cost grows with it
+        print(f"zygote: no mount namespace of its own ({exc}); sandboxes copy the host's", file=sys.stderr)
     for name in PRELOAD:
         try:
             importlib.import_module(name)

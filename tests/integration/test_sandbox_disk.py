@@ -12,13 +12,14 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ashd.errors import CapacityError, SandboxError
 from ashd.sandboxing import ExitReason, SandboxLimits, SandboxPaths
 from ashd.sandboxing._disk import disk_quota_problems, is_mounted, loop_devices_of
-from tests.fixtures.sandboxes import ROUTES, TEST_LIMITS, program_spec, require_isolation, started_launcher
+from tests.fixtures.sandboxes import ROUTES, TEST_LIMITS, program_spec, require_isolation, started_launcher, wait_for
 
 pytestmark = pytest.mark.sandbox
 MIB = 1024 * 1024
@@ -174,3 +175,57 @@ def test_a_workspace_left_by_an_older_version_is_still_rescued(tmp_path: Path) -
         assert launcher.mount_leftover("sb-0123456789abcdef") == old
         launcher.destroy_dirs("sb-0123456789abcdef")
         assert not old.parent.exists()
+
+
+def _mount_points(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return [line.split()[4] for line in f]
+
+
+def test_disks_stay_out_of_the_fork_servers_namespace_and_each_sandbox_mounts_only_its_own(tmp_path: Path) -> None:
+    """The fork server keeps a mount namespace of its own without the sandboxes' disks, so that a
+    sandbox's start does not copy (and make private, and detach) one mount per session held; each
+    sandbox mounts its own disk by device: the host sees what it writes, no other sandbox's disk is
+    in its namespace, and nothing in the fork server's keeps a disk's loop device busy."""
+    require_disk_quota()
+    with started_launcher(tmp_path, "zygote") as launcher:
+        sandboxes = tmp_path / "sandboxes"
+        held = [launcher.prepare(f"held-{i}", DISK) for i in range(3)]
+        zygote = launcher.zygote_pid
+        assert zygote is not None
+        assert not [p for p in _mount_points(zygote) if p.startswith(f"{sandboxes}/")]
+
+        def run(sandbox_id: str, paths: SandboxPaths) -> dict[str, Any]:
+            proc = launcher.launch(program_spec(paths, sandbox_id, "mount_probe.py", f"written by {sandbox_id}"))
+            info = proc.wait(60)
+            proc.cleanup()
+            log = (paths.logs / "sandbox.log").read_text()
+            assert info.reason is ExitReason.NORMAL, log
+            return dict(json.loads(log.strip().splitlines()[-1]))
+
+        seen = run("held-0", held[0])
+        assert (held[0].workspace / "from-inside.txt").read_text() == "written by held-0"
+        assert seen["workspace_dev"] == os.stat(held[0].workspace).st_dev  # the same filesystem
+        assert not [p for p in seen["mounts"] if str(tmp_path) in p], seen
+
+        # A fork server started while disks are mounted (a restart) leaves them out too.
+        os.kill(zygote, 9)
+
+        def gone() -> bool:
+            return launcher.zygote_pid != zygote
+
+        wait_for(gone, what="the fork server's end")
+        later = launcher.prepare("later", DISK)
+        assert run("later", later)["workspace_dev"] == os.stat(later.workspace).st_dev
+        restarted = launcher.zygote_pid
+        assert restarted is not None and restarted != zygote
+        assert not [p for p in _mount_points(restarted) if p.startswith(f"{sandboxes}/")]
+
+        for sandbox_id in ("held-0", "held-1", "held-2", "later"):
+            image = launcher.paths_for(sandbox_id).image
+            launcher.destroy_dirs(sandbox_id)
+
+            def freed(image: Path = image) -> bool:
+                return loop_devices_of(image) == []
+
+            wait_for(freed, what=f"{sandbox_id}'s loop device freed")

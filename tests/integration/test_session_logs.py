@@ -177,22 +177,29 @@ async def test_engine_stderr_reaches_the_logs(lapi: Api) -> None:
     assert all(x["source"] == "sandbox" for x in page["logs"])
 
 
-async def test_the_bridges_own_log_lines_reach_the_logs(lapi: Api) -> None:
+async def test_the_bridges_own_log_lines_reach_the_logs(aiohttp_client: Any, settings: Settings,
+                                                       fake_model: FakeModel) -> None:  # noqa: F811
     # The fork server builds the bridge's log handler once (`zygote_warm`); each child's lines must
-    # still go to its own sandbox's log, in the bridge's format, and not to the fork server's.
-    await deploy(lapi, "plain", None)
-    sids = []
-    for _ in range(2):
-        status, body = await lapi.call("POST", "/api/sessions", json={"agent": "plain"})
-        assert status == 201, body
-        sids.append(body["session"]["id"])
-    for sid in sids:
-        line = await wait_for_line(lapi, sid, "bridge listening on")
-        assert line["source"] == "sandbox"
-        assert " bridge INFO ashd.bridge._server: bridge listening on /run/ashd/bridge.sock (pid 1, inherited)" \
-            in line["text"], line
-        texts = [x["text"] for x in (await logs(lapi, sid))["logs"]]
-        assert sum("bridge listening on" in t for t in texts) == 1, texts
+    # still go to its own sandbox's log, in the bridge's format, and not to the fork server's. No
+    # spares: a session's log starts where it claimed its sandbox, after a spare's first line.
+    server, api = await start_api(aiohttp_client, _settings(settings, fake_model, prewarm=0))
+    try:
+        await deploy(api, "plain", None)
+        sids = []
+        for _ in range(2):
+            status, body = await api.call("POST", "/api/sessions", json={"agent": "plain"})
+            assert status == 201, body
+            sids.append(body["session"]["id"])
+        for sid in sids:
+            line = await wait_for_line(api, sid, "bridge listening on")
+            assert line["source"] == "sandbox"
+            assert " bridge INFO ashd.bridge._server: bridge listening on /run/ashd/bridge.sock (pid 1, inherited)" \
+                in line["text"], line
+            texts = [x["text"] for x in (await logs(api, sid))["logs"]]
+            assert sum("bridge listening on" in t for t in texts) == 1, texts
+    finally:
+        await api.client.close()
+        await server.stop()
 
 
 async def test_a_stopped_sessions_sandbox_lines_are_kept(lapi: Api) -> None:
