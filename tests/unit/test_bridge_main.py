@@ -67,8 +67,3 @@ def test_the_warm_up_leaves_nothing_running_and_logs_nothing() -> None:
     """)
     assert err == "", err
 
-
-def test_mount_points_are_read_with_their_escapes_undone() -> None:
-    from ashd.zygote._child import _unescape_mountinfo
-
-    assert _unescape_mountinfo(r"/srv/data\040dir/sandboxes\011x\134y") == "/srv/data dir/sandboxes\tx\\y"
