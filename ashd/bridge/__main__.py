@@ -38,7 +38,8 @@ def zygote_warm() -> None:
 
     warm()
     # Built here, each child only uses them. Built in each child they cost a sandbox's start about
-    # 450 copy-on-write page faults and 3 ms of CPU on a slow host (docs/performance.md, 26th pass).
+    # 200 more copy-on-write page faults and 3.7 ms of CPU on a slow host (docs/performance.md,
+    # twenty-sixth pass).
     _parser()
     _configure_logging("INFO")
 
