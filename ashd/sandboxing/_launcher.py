@@ -449,5 +449,7 @@ class SandboxLauncher:
 
 def _seen_by_server(path: str) -> str:
     """`path` as this server sees it, from any mount namespace on the host: through its own root
-    (the zygote's namespace, `private_mount_namespace`, lacks what the server mounted since)."""
-    return f"/proc/{os.getpid()}/root{path}"
+    (the zygote's namespace, `private_mount_namespace`, lacks what the server mounted since).
+    Resolved here first: an absolute symlink on the way (a data dir linked elsewhere) would be
+    followed from the opener's root, in the opener's namespace."""
+    return f"/proc/{os.getpid()}/root{os.path.realpath(path)}"

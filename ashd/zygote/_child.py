@@ -197,7 +197,7 @@ def _unescape_mountinfo(field: str) -> str:
 
 def mount_points_under(folders: list[str]) -> list[str]:
     """The mount points strictly below any of `folders` in this mount namespace, deepest first."""
-    prefixes = tuple(f.rstrip("/") + "/" for f in folders)
+    prefixes = tuple(os.path.realpath(f).rstrip("/") + "/" for f in folders)  # as mountinfo shows them
     with open("/proc/self/mountinfo") as f:
         points = [_unescape_mountinfo(line.split()[4]) for line in f]
     return sorted({p for p in points if p.startswith(prefixes)}, key=len, reverse=True)

@@ -229,3 +229,25 @@ def test_disks_stay_out_of_the_fork_servers_namespace_and_each_sandbox_mounts_on
                 return loop_devices_of(image) == []
 
             wait_for(freed, what=f"{sandbox_id}'s loop device freed")
+
+
+def test_a_data_dir_reached_through_a_symlink_works_the_same(tmp_path: Path) -> None:
+    """The sandbox opens its log through the server's root (`/proc/<server>/root/...`): a symlink on
+    the way, followed from the opener's root in the fork server's namespace, would miss the disk."""
+    require_disk_quota()
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "linked").symlink_to(real)
+    with started_launcher(tmp_path / "linked", "zygote") as launcher:
+        paths = launcher.prepare("linked", DISK)
+        proc = launcher.launch(program_spec(paths, "linked", "mount_probe.py", "through a link"))
+        info = proc.wait(60)
+        proc.cleanup()
+        log = (paths.logs / "sandbox.log").read_text()
+        assert info.reason is ExitReason.NORMAL, log
+        assert json.loads(log.strip().splitlines()[-1])["workspace_dev"] == os.stat(paths.workspace).st_dev
+        assert (real / "sandboxes" / "linked" / "disk" / "workspace" / "from-inside.txt").read_text() == "through a link"
+        zygote = launcher.zygote_pid
+        assert zygote is not None
+        assert not [p for p in _mount_points(zygote) if p.startswith(f"{real}/sandboxes/")]
+        launcher.destroy_dirs("linked")
