@@ -349,8 +349,10 @@ class SessionActor(StagedActor):
             ready = asyncio.wrap_future(inserted)
             ready.add_done_callback(_seen)  # its error is the create's answer, not the loop's to report
         if self.deps.session_logs is not None:  # from now on the sandbox's stderr is the session's
+            # A spare's lines before its claim are the pool's; a sandbox started for this session may
+            # have written its first ones already (it starts while the server connects).
             await self.deps.session_logs.attach(self.session_id, self.tenant, handle.paths.logs / "sandbox.log",
-                                                ready)
+                                                ready, from_start=not handle.prewarmed)
         if binding is not None:
             self.deps.model_proxy.bind(handle.sandbox_id, binding)
         prepared = self.deps.warmer.take(handle.sandbox_id) if self.deps.warmer is not None else None

@@ -148,16 +148,18 @@ class LogTails:
                    ready: asyncio.Future[Any] | None = None) -> SetupSink:
         return SetupSink(self.logs, session_id, tenant, max_lines, ready)
 
-    async def attach(self, session_id: str, tenant: str, path: Path, ready: asyncio.Future[Any] | None = None) -> None:
-        """Follow `path` from its current end (from its start if the sandbox has not created it yet).
+    async def attach(self, session_id: str, tenant: str, path: Path, ready: asyncio.Future[Any] | None = None,
+                     *, from_start: bool = False) -> None:
+        """Follow `path` from its current end, or with `from_start` (a sandbox started for this
+        session: all it wrote is the session's, however soon its first line came) from its start.
         `ready`: the session's row is being inserted (see `_Tail.ready`)."""
         await self.detach(session_id)
         try:
             fd: int | None = os.open(path, _OPEN_FLAGS)
         except FileNotFoundError:
             fd = None  # a sandbox started for this session: its process creates the file
-        self._tails[session_id] = _Tail(session_id, tenant, path, fd, os.fstat(fd).st_size if fd is not None else 0,
-                                        ready=ready)
+        offset = os.fstat(fd).st_size if fd is not None and not from_start else 0
+        self._tails[session_id] = _Tail(session_id, tenant, path, fd, offset, ready=ready)
         if self._sweeper is None and not self._closed:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
 

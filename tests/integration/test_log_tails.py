@@ -47,6 +47,24 @@ async def test_follow_detach_and_a_deleted_file(db_url: str, tmp_path: Path) -> 
         await db.close()
 
 
+async def test_a_sandbox_started_for_the_session_is_followed_from_its_first_line(db_url: str, tmp_path: Path) -> None:
+    # It starts while the server connects: its first lines can be there before the tail is.
+    db = await Database.open(db_url)
+    try:
+        sid = await _session(db)
+        path = tmp_path / "sandbox.log"
+        path.write_text("bridge listening\n")
+        tails = LogTails(SessionLogs(db), interval=3600)
+        await tails.attach(sid, "t", path, from_start=True)
+        with open(path, "a") as f:
+            f.write("later\n")
+        await tails.flush(sid)
+        assert [x["text"] for x in await SessionLogs(db).list("t", sid, -1, 100)] == ["bridge listening", "later"]
+        await tails.close()
+    finally:
+        await db.close()
+
+
 async def test_a_flood_is_skipped_with_a_note(db_url: str, tmp_path: Path) -> None:
     db = await Database.open(db_url)
     try:
