@@ -15,18 +15,15 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ashd.sandboxing import BridgeConnection, SandboxLauncher
 from tests.fixtures.sandboxes import (
-    ROUTES,
     bridge_exec,
     launch_bridge,
-    require_isolation,
-    started_launcher,
+    route_launcher,  # noqa: F401 (the `launcher` fixture)
     stop_sandbox,
 )
 
@@ -42,13 +39,6 @@ except OSError as exc:
 else:
     print("connected")
 """
-
-
-@pytest.fixture(scope="module", params=ROUTES)
-def launcher(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxLauncher]:
-    require_isolation()
-    with started_launcher(tmp_path_factory.mktemp(f"activation-{request.param}"), request.param) as launcher:
-        yield launcher
 
 
 def test_a_connect_made_at_launch_is_answered_once_the_bridge_is_up(launcher: SandboxLauncher) -> None:
@@ -106,6 +96,11 @@ def test_the_fork_servers_image_holds_none_of_the_servers_modules() -> None:
         "or m.startswith(('ashd.sandboxing', 'ashd.storage', 'ashd.actors', 'ashd.http')))))"
     )
     root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {root!r}); {code}"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {root!r}); {code}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == ""

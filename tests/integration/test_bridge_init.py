@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ashd.sandboxing import SandboxLauncher, SandboxProcess, ShutdownRung
 from tests.fixtures.sandboxes import (
-    ROUTES,
     bridge_exec,
     launch_bridge,
     require_isolation,
+    route_launcher,  # noqa: F401 (the `launcher` fixture)
     started_launcher,
     stop_sandbox,
 )
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.sandbox
 # A background job that outlives its shell, and a daemon (fork, setsid, the parent exits): both are
 # handed to the sandbox's pid 1 when their parent exits.
 ORPHANS = "sleep 0.3 & python3 -c 'import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(0.3)' ; exit 7"
-
-
-@pytest.fixture(scope="module", params=ROUTES)
-def launcher(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxLauncher]:
-    require_isolation()
-    with started_launcher(tmp_path_factory.mktemp(f"bridge-init-{request.param}"), request.param) as launcher:
-        yield launcher
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -83,7 +75,8 @@ def test_orphans_are_reaped_and_exit_codes_kept(launcher: SandboxLauncher) -> No
 
 
 def test_on_the_zygote_route_the_bridge_is_pid_1_unprivileged_and_filtered(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     require_isolation()
     with started_launcher(tmp_path_factory.mktemp("init-z"), "zygote") as launcher:  # short: a socket path
         _check_alone(launch_bridge(launcher, "init-alone"))

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from ashd.sandboxing import SandboxLauncher
 from tests.fixtures.sandboxes import (
-    ROUTES,
     bridge_exec,
     launch_bridge,
-    require_isolation,
-    started_launcher,
+    route_launcher,  # noqa: F401 (the `launcher` fixture)
     stop_sandbox,
 )
 
@@ -56,13 +53,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module", params=ROUTES)
-def launcher(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxLauncher]:
-    require_isolation()
-    with started_launcher(tmp_path_factory.mktemp(f"dev-{request.param}"), request.param) as launcher:
-        yield launcher
-
-
 def test_dev_has_working_devices_and_nothing_can_be_added(launcher: SandboxLauncher) -> None:
     proc = launch_bridge(launcher, "dev-probe")
     try:
@@ -70,8 +60,12 @@ def test_dev_has_working_devices_and_nothing_can_be_added(launcher: SandboxLaunc
         assert result["exitCode"] == 0, result
         out = json.loads(str(result["stdout"]))
         assert out["nodes"] == {
-            "null": [True, 1, 3, "0o666"], "zero": [True, 1, 5, "0o666"], "full": [True, 1, 7, "0o666"],
-            "random": [True, 1, 8, "0o666"], "urandom": [True, 1, 9, "0o666"], "tty": [True, 5, 0, "0o666"],
+            "null": [True, 1, 3, "0o666"],
+            "zero": [True, 1, 5, "0o666"],
+            "full": [True, 1, 7, "0o666"],
+            "random": [True, 1, 8, "0o666"],
+            "urandom": [True, 1, 9, "0o666"],
+            "tty": [True, 5, 0, "0o666"],
         }
         assert out["zero"] is True and out["urandom"] == 16 and out["full"] == "ENOSPC"
         # No device can be added: the sandbox user has no CAP_MKNOD (and on the zygote route, where

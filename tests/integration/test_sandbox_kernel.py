@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ashd.sandboxing import ExitReason, SandboxLauncher
-from tests.fixtures.sandboxes import ROUTES, program_spec, require_isolation, started_launcher, wait_for
+from tests.fixtures.sandboxes import (
+    program_spec,
+    route_launcher,  # noqa: F401 (the `launcher` fixture)
+    wait_for,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -59,13 +62,6 @@ def _probe(launcher: SandboxLauncher, sandbox_id: str, seccomp: str = "default")
     assert info.reason is ExitReason.NORMAL, log
     result: dict[str, Any] = json.loads(log.strip().splitlines()[-1])
     return result
-
-
-@pytest.fixture(scope="module", params=ROUTES)
-def launcher(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxLauncher]:
-    require_isolation()
-    with started_launcher(tmp_path_factory.mktemp(f"kernel-{request.param}"), request.param) as launcher:
-        yield launcher
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -28,21 +27,12 @@ from tests.fixtures.sandboxes import (
     TEST_LIMITS,
     program_spec,
     require_isolation,
-    started_launcher,
+    route_launcher,  # noqa: F401 (the `launcher` fixture)
     wait_for,
 )
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module", params=ROUTES)
-def launcher(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SandboxLauncher]:
-    require_isolation()
-    with started_launcher(tmp_path_factory.mktemp(f"lifecycle-{request.param}"), request.param) as launcher:
-        yield launcher
 
 
 def _alive(pid: int) -> bool:
@@ -111,9 +101,7 @@ def test_wait_times_out_while_running(launcher: SandboxLauncher) -> None:
         ("stubborn", ShutdownRung.SIGKILL),
     ],
 )
-def test_shutdown_ladder_reaches_the_right_rung(
-    launcher: SandboxLauncher, mode: str, rung: ShutdownRung
-) -> None:
+def test_shutdown_ladder_reaches_the_right_rung(launcher: SandboxLauncher, mode: str, rung: ShutdownRung) -> None:
     proc = _start_double(launcher, f"ladder-{mode}", mode)
     if mode == "exit":
         proc.wait(30)
@@ -241,9 +229,7 @@ def test_a_host_that_cannot_isolate_refuses_to_start(tmp_path: Path) -> None:
         SandboxLauncher(config).start()
 
 
-def test_weak_isolation_runs_plain_children_with_a_clean_env(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_weak_isolation_runs_plain_children_with_a_clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASHD_TEST_SECRET", "weak-secret")
     config = LauncherConfig(tmp_path, TEST_LIMITS, bwrap="/nonexistent/bwrap", allow_weak_isolation=True)
     launcher = SandboxLauncher(config)
