@@ -96,11 +96,6 @@ def test_the_fork_servers_image_holds_none_of_the_servers_modules() -> None:
         "or m.startswith(('ashd.sandboxing', 'ashd.storage', 'ashd.actors', 'ashd.http')))))"
     )
     root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {root!r}); {code}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {root!r}); {code}"],
+                         capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == ""

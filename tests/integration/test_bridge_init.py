@@ -75,8 +75,7 @@ def test_orphans_are_reaped_and_exit_codes_kept(launcher: SandboxLauncher) -> No
 
 
 def test_on_the_zygote_route_the_bridge_is_pid_1_unprivileged_and_filtered(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     require_isolation()
     with started_launcher(tmp_path_factory.mktemp("init-z"), "zygote") as launcher:  # short: a socket path
         _check_alone(launch_bridge(launcher, "init-alone"))

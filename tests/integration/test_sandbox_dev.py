@@ -60,12 +60,8 @@ def test_dev_has_working_devices_and_nothing_can_be_added(launcher: SandboxLaunc
         assert result["exitCode"] == 0, result
         out = json.loads(str(result["stdout"]))
         assert out["nodes"] == {
-            "null": [True, 1, 3, "0o666"],
-            "zero": [True, 1, 5, "0o666"],
-            "full": [True, 1, 7, "0o666"],
-            "random": [True, 1, 8, "0o666"],
-            "urandom": [True, 1, 9, "0o666"],
-            "tty": [True, 5, 0, "0o666"],
+            "null": [True, 1, 3, "0o666"], "zero": [True, 1, 5, "0o666"], "full": [True, 1, 7, "0o666"],
+            "random": [True, 1, 8, "0o666"], "urandom": [True, 1, 9, "0o666"], "tty": [True, 5, 0, "0o666"],
         }
         assert out["zero"] is True and out["urandom"] == 16 and out["full"] == "ENOSPC"
         # No device can be added: the sandbox user has no CAP_MKNOD (and on the zygote route, where

@@ -101,7 +101,9 @@ def test_wait_times_out_while_running(launcher: SandboxLauncher) -> None:
         ("stubborn", ShutdownRung.SIGKILL),
     ],
 )
-def test_shutdown_ladder_reaches_the_right_rung(launcher: SandboxLauncher, mode: str, rung: ShutdownRung) -> None:
+def test_shutdown_ladder_reaches_the_right_rung(
+    launcher: SandboxLauncher, mode: str, rung: ShutdownRung
+) -> None:
     proc = _start_double(launcher, f"ladder-{mode}", mode)
     if mode == "exit":
         proc.wait(30)
@@ -229,7 +231,9 @@ def test_a_host_that_cannot_isolate_refuses_to_start(tmp_path: Path) -> None:
         SandboxLauncher(config).start()
 
 
-def test_weak_isolation_runs_plain_children_with_a_clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_weak_isolation_runs_plain_children_with_a_clean_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ASHD_TEST_SECRET", "weak-secret")
     config = LauncherConfig(tmp_path, TEST_LIMITS, bwrap="/nonexistent/bwrap", allow_weak_isolation=True)
     launcher = SandboxLauncher(config)
