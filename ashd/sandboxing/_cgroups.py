@@ -69,8 +69,15 @@ def detect_version(mount_root: Path = Path("/sys/fs/cgroup")) -> str:
 
 
 def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    """One write: three system calls, where `open(path, "w")` makes seven (a text file's fstat,
+    isatty and seeks); five of these per sandbox start. The same flags as `open(path, "w")`."""
+    data = value.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        if os.write(fd, data) != len(data):  # the kernel takes a control file's value whole, or fails
+            raise OSError(errno.EIO, f"short write to {path}")
+    finally:
+        os.close(fd)
 
 
 def _read_int_field(path: Path, key: str) -> int:
