@@ -284,8 +284,17 @@ def test_a_restarted_server_sweeps_what_a_killed_one_left(tmp_path: Path) -> Non
         for pipe in (parent.stdin, parent.stdout):
             if pipe is not None:
                 pipe.close()
-    assert state["netns"] and all(Path(p).exists() for p in state["netns"])
-    assert all(_links(name) for name in state["ifnames"]) and state["table"] in _tables()
+    try:  # the dead server's lock is held by its holder: no other server's start sweeps this meanwhile
+        assert state["netns"] and all(Path(p).exists() for p in state["netns"])
+        assert all(_links(name) for name in state["ifnames"]) and state["table"] in _tables()
+        from ashd.sandboxing._network import _try_liveness_lock
+
+        assert _try_liveness_lock(state["table"].removeprefix("ashd_")) is None, "the holder keeps it live"
+    finally:
+        os.kill(state["lock_holder"], signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{state['lock_holder']}").exists() or
+             Path(f"/proc/{state['lock_holder']}/stat").read_text().split(") ")[1].startswith("Z"),
+             what="the lock holder to die")
     with started_launcher(tmp_path, "bwrap"):
         assert not any(Path(p).exists() for p in state["netns"])
         assert not any(_links(name) for name in state["ifnames"])
