@@ -5,11 +5,23 @@ per-session bound with its byte accounting."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from ashd.actors import LogTails
 from ashd.actors._session_logs import SWEEP_MAX_BYTES, SWEEP_MAX_LINES
 from ashd.storage import Database, LogLine, Session, SessionLogs, Sessions
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    db = await Database.open(db_url)
+    try:
+        yield db
+    finally:
+        await db.close()
 
 
 async def _session(db: Database) -> str:
@@ -21,86 +33,70 @@ async def _stored_bytes(db: Database, sid: str) -> int:
     return (await Sessions(db).get("t", sid)).stored_bytes
 
 
-async def test_follow_detach_and_a_deleted_file(db_url: str, tmp_path: Path) -> None:
-    db = await Database.open(db_url)
-    try:
-        sid = await _session(db)
-        path = tmp_path / "sandbox.log"
-        path.write_text("from before the claim\n")
-        tails = LogTails(SessionLogs(db), interval=3600)  # no sweep: flush and detach only
-        await tails.attach(sid, "t", path)
-        with open(path, "a") as f:
-            f.write("one\ntwo\npartial")
-        await tails.flush(sid)
-        got = await SessionLogs(db).list("t", sid, -1, 100)
-        assert [(x["index"], x["level"], x["text"], x["source"]) for x in got] == [
-            (0, "stderr", "one", "sandbox"), (1, "stderr", "two", "sandbox")]
-        with open(path, "a") as f:
-            f.write(" line, then the sandbox died\n last words")
-        os.unlink(path)  # its directory is removed; the open descriptor still reads it
-        await tails.detach(sid)
-        texts = [x["text"] for x in await SessionLogs(db).list("t", sid, 1, 100)]
-        assert texts == ["partial line, then the sandbox died", " last words"]
-        assert await SessionLogs(db).list("other-tenant", sid, -1, 100) == []
-        await tails.close()
-    finally:
-        await db.close()
+async def test_follow_detach_and_a_deleted_file(db: Database, tmp_path: Path) -> None:
+    sid = await _session(db)
+    path = tmp_path / "sandbox.log"
+    path.write_text("from before the claim\n")
+    tails = LogTails(SessionLogs(db), interval=3600)  # no sweep: flush and detach only
+    await tails.attach(sid, "t", path)
+    with open(path, "a") as f:
+        f.write("one\ntwo\npartial")
+    await tails.flush(sid)
+    got = await SessionLogs(db).list("t", sid, -1, 100)
+    assert [(x["index"], x["level"], x["text"], x["source"]) for x in got] == [
+        (0, "stderr", "one", "sandbox"), (1, "stderr", "two", "sandbox")]
+    with open(path, "a") as f:
+        f.write(" line, then the sandbox died\n last words")
+    os.unlink(path)  # its directory is removed; the open descriptor still reads it
+    await tails.detach(sid)
+    texts = [x["text"] for x in await SessionLogs(db).list("t", sid, 1, 100)]
+    assert texts == ["partial line, then the sandbox died", " last words"]
+    assert await SessionLogs(db).list("other-tenant", sid, -1, 100) == []
+    await tails.close()
 
 
-async def test_a_sandbox_started_for_the_session_is_followed_from_its_first_line(db_url: str, tmp_path: Path) -> None:
+async def test_a_sandbox_started_for_the_session_is_followed_from_its_first_line(db: Database, tmp_path: Path) -> None:
     # It starts while the server connects: its first lines can be there before the tail is.
-    db = await Database.open(db_url)
-    try:
-        sid = await _session(db)
-        path = tmp_path / "sandbox.log"
-        path.write_text("bridge listening\n")
-        tails = LogTails(SessionLogs(db), interval=3600)
-        await tails.attach(sid, "t", path, from_start=True)
-        with open(path, "a") as f:
-            f.write("later\n")
-        await tails.flush(sid)
-        assert [x["text"] for x in await SessionLogs(db).list("t", sid, -1, 100)] == ["bridge listening", "later"]
-        await tails.close()
-    finally:
-        await db.close()
+    sid = await _session(db)
+    path = tmp_path / "sandbox.log"
+    path.write_text("bridge listening\n")
+    tails = LogTails(SessionLogs(db), interval=3600)
+    await tails.attach(sid, "t", path, from_start=True)
+    with open(path, "a") as f:
+        f.write("later\n")
+    await tails.flush(sid)
+    assert [x["text"] for x in await SessionLogs(db).list("t", sid, -1, 100)] == ["bridge listening", "later"]
+    await tails.close()
 
 
-async def test_a_flood_is_skipped_with_a_note(db_url: str, tmp_path: Path) -> None:
-    db = await Database.open(db_url)
-    try:
-        sid = await _session(db)
-        path = tmp_path / "sandbox.log"
-        tails = LogTails(SessionLogs(db), interval=3600)
-        await tails.attach(sid, "t", path)  # not there yet: opened once the sandbox creates it
-        await tails.flush(sid)
-        path.write_bytes(b"".join(b"flood %d\n" % i for i in range(SWEEP_MAX_LINES * 3)) + b"z" * SWEEP_MAX_BYTES)
-        await tails.flush(sid)
-        got = await SessionLogs(db).list("t", sid, -1, 1000)
-        assert len(got) == SWEEP_MAX_LINES + 1
-        assert got[0]["text"] == "flood 0" and got[SWEEP_MAX_LINES - 1]["text"] == f"flood {SWEEP_MAX_LINES - 1}"
-        note = got[-1]
-        assert note["level"] == "system" and "sandbox output skipped" in note["text"] and "lines" in note["text"]
-        await tails.close()
-    finally:
-        await db.close()
+async def test_a_flood_is_skipped_with_a_note(db: Database, tmp_path: Path) -> None:
+    sid = await _session(db)
+    path = tmp_path / "sandbox.log"
+    tails = LogTails(SessionLogs(db), interval=3600)
+    await tails.attach(sid, "t", path)  # not there yet: opened once the sandbox creates it
+    await tails.flush(sid)
+    path.write_bytes(b"".join(b"flood %d\n" % i for i in range(SWEEP_MAX_LINES * 3)) + b"z" * SWEEP_MAX_BYTES)
+    await tails.flush(sid)
+    got = await SessionLogs(db).list("t", sid, -1, 1000)
+    assert len(got) == SWEEP_MAX_LINES + 1
+    assert got[0]["text"] == "flood 0" and got[SWEEP_MAX_LINES - 1]["text"] == f"flood {SWEEP_MAX_LINES - 1}"
+    note = got[-1]
+    assert note["level"] == "system" and "sandbox output skipped" in note["text"] and "lines" in note["text"]
+    await tails.close()
 
 
-async def test_a_session_keeps_its_newest_lines(db_url: str) -> None:
-    db = await Database.open(db_url)
-    try:
-        sid = await _session(db)
-        logs = SessionLogs(db, max_lines=3)
-        before = await _stored_bytes(db, sid)
-        await logs.add(sid, "t", [LogLine("stdout", f"s{i}", step="setup.sh") for i in range(2)], source="setup")
-        await logs.add(sid, "t", [LogLine("stderr", f"e{i}") for i in range(3)], source="sandbox")
-        got = await logs.list("t", sid, -1, 100)
-        assert [(x["index"], x["text"]) for x in got] == [(2, "e0"), (3, "e1"), (4, "e2")]
-        # The setup lines' events stay (the events listing is not bounded by the log's bound).
-        events = await Sessions(db).events("t", sid, 0, 100, "lifecycle")
-        assert [e["data"] for e in events] == [
-            '{"action": "setup", "step": "setup.sh", "level": "stdout", "text": "s0", "index": 0}',
-            '{"action": "setup", "step": "setup.sh", "level": "stdout", "text": "s1", "index": 1}']
-        # What the session holds counts the events like any; log lines are bounded by their count instead.
-        assert await _stored_bytes(db, sid) - before == sum(len(e["data"]) for e in events)
-    finally:
-        await db.close()
+async def test_a_session_keeps_its_newest_lines(db: Database) -> None:
+    sid = await _session(db)
+    logs = SessionLogs(db, max_lines=3)
+    before = await _stored_bytes(db, sid)
+    await logs.add(sid, "t", [LogLine("stdout", f"s{i}", step="setup.sh") for i in range(2)], source="setup")
+    await logs.add(sid, "t", [LogLine("stderr", f"e{i}") for i in range(3)], source="sandbox")
+    got = await logs.list("t", sid, -1, 100)
+    assert [(x["index"], x["text"]) for x in got] == [(2, "e0"), (3, "e1"), (4, "e2")]
+    # The setup lines' events stay (the events listing is not bounded by the log's bound).
+    events = await Sessions(db).events("t", sid, 0, 100, "lifecycle")
+    assert [e["data"] for e in events] == [
+        '{"action": "setup", "step": "setup.sh", "level": "stdout", "text": "s0", "index": 0}',
+        '{"action": "setup", "step": "setup.sh", "level": "stdout", "text": "s1", "index": 1}']
+    # What the session holds counts the events like any; log lines are bounded by their count instead.
+    assert await _stored_bytes(db, sid) - before == sum(len(e["data"]) for e in events)
