@@ -99,8 +99,16 @@ class SessionRegistry:
         row = Session(id=req.session_id, tenant_id=req.tenant, agent_name=req.agent_name, model=req.model,
                       status="starting", config=json.dumps(req.config), credential_id=req.credential_id,
                       env_ciphertext=encrypted_env, runner_id=self.deps.runner_id)
-        inserting = asyncio.ensure_future(self.deps.sessions.insert(row))
-        await asyncio.sleep(0)  # the insert is on its way to the writer: the actor's thread starts beside it
+        soon = self.deps.sessions.insert_soon(row)
+        inserting: asyncio.Future[Session] | concurrent.futures.Future[Session]
+        if isinstance(soon, concurrent.futures.Future):
+            inserting = inserted = soon  # stored already, mostly (SQLite, free): no trip to the writer
+            if soon.done() and soon.exception() is not None:
+                raise cast(BaseException, soon.exception())  # nothing was stored: no actor, no sandbox
+        else:
+            inserting = asyncio.ensure_future(soon)
+            await asyncio.sleep(0)  # the insert is on its way: the actor's thread starts beside it
+            inserted = outcome_of(inserting)
         async with self._lock:
             ref = SessionActor.start(self.deps, req.session_id, req.tenant)
             self._actors[req.session_id] = ref
@@ -110,7 +118,7 @@ class SessionRegistry:
             # stores anything more. Creation may install packages and run setup.sh: its budget
             # includes the setup timeout.
             return await self._changed(req.session_id,
-                                       self._proxy(req.session_id, ref).create(req, row, outcome_of(inserting)),
+                                       self._proxy(req.session_id, ref).create(req, row, inserted),
                                        self.timeout + self.deps.init_timeout + 10)
         except BaseException:
             if inserting.done() and not inserting.cancelled() and inserting.exception() is not None:

@@ -237,6 +237,15 @@ class Sessions:
             row.owner_id = self.owner_id
 
     async def insert(self, row: Session) -> Session:
+        return await self.db.run_direct(self._insert_tx(row))
+
+    def insert_soon(self, row: Session) -> Future[Session] | Awaitable[Session]:
+        """`insert`, run there and then on SQLite when the database is free (a resolved future: no
+        trip to the writer thread and back), else the coroutine to await (`transition_soon`)."""
+        tx = self._insert_tx(row)
+        return self.db.direct_here(tx) or self.db.run_direct(tx)
+
+    def _insert_tx(self, row: Session) -> Callable[[Statements], Session]:
         row.stored_bytes = _size(row.config)
         self._stamp(row)
         values = with_defaults(_SESSIONS, {key: value for key, value in vars(row).items() if key in _SESSIONS.c})
@@ -245,7 +254,7 @@ class Sessions:
             x.run(_INSERT_SESSION, values)
             return from_row(Session, values)  # a new object: `row` itself is not filled in
 
-        return await self.db.run_direct(run)
+        return run
 
     # Reads run in one trip to a reader thread (`Database.run_read`), not a trip per statement as
     # through aiosqlite: GET .../messages 3.3 -> 1.6 ms (docs/performance.md, fifteenth pass).

@@ -83,6 +83,11 @@ class StallingSessions(Sessions):
         await self._gate(row.id, "insert")
         return await super().insert(row)
 
+    def insert_soon(self, row: Session) -> Any:
+        if (row.id, "insert") in self.gates:  # a stalled insert waits on the loop, as on PostgreSQL
+            return self.insert(row)
+        return super().insert_soon(row)
+
     def transition_soon(self, session_id: str, *args: Any, **kwargs: Any) -> Any:
         # A stalled session's transition waits on the loop; the others take the writer thread as in
         # the server, so both ways the actor can be told an outcome are exercised.
@@ -435,6 +440,46 @@ async def test_a_create_whose_insert_fails_stores_nothing_and_lets_its_sandbox_g
     assert (await machine.row(taken)).status == "paused"  # the session that held the id is untouched
     assert await machine.lifecycle(taken) == []
     wait_for(lambda: machine.counts() == {}, T, "the sandbox started for it released")
+
+
+async def test_a_registry_create_whose_insert_fails_answers_its_error_and_starts_nothing(short_tmp: Path) -> None:
+    """Through the registry, on SQLite, the row is inserted on the loop's thread before anything
+    starts: an insert that fails (the id is taken) is the answer, with no actor and no sandbox."""
+    async with open_machine(short_tmp, prewarm=1) as m:
+        assert m.deps is not None
+        await until(lambda: m.counts() == {"warm": 1}, "the spare warm")
+        registry = SessionRegistry(m.deps)
+        try:
+            taken = await m.insert("paused")
+            with pytest.raises(Exception, match="UNIQUE|unique|duplicate"):
+                await registry.create(CreateRequest(taken, TENANT, "helper", None, {}, agent=m.agents["helper"]),
+                                      encrypted_env=None)
+            assert registry.live_actors() == 0
+            assert m.pool.stats().get(timeout=T)["preWarmHits"] == 0  # the spare was not taken
+            assert m.counts() == {"warm": 1}
+            assert (await m.row(taken)).status == "paused" and await m.lifecycle(taken) == []
+        finally:
+            await registry.stop_all()
+
+
+async def test_a_registry_create_whose_insert_waits_starts_its_sandbox_beside_it(machine: Machine) -> None:
+    """An insert that cannot run at once (here held; a busy SQLite, PostgreSQL) is awaited beside the
+    sandbox's start, and the creation answers once both are done."""
+    assert machine.deps is not None
+    registry = SessionRegistry(machine.deps)
+    try:
+        sid = new_id()
+        gate = machine.sessions.stall(sid, "insert")
+        creating = asyncio.ensure_future(registry.create(
+            CreateRequest(sid, TENANT, "helper", None, {}, agent=machine.agents["helper"]), encrypted_env=None))
+        await asyncio.wait_for(machine.sessions.stalled[sid].wait(), T)
+        await until(lambda: sum(machine.counts().values()) == 1, "the sandbox claimed while the row waits")
+        assert not creating.done()
+        gate.set()
+        view = await asyncio.wait_for(creating, T)
+        assert view["status"] == "active" and (await machine.row(sid)).status == "active"
+    finally:
+        await registry.stop_all()
 
 
 async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
