@@ -137,9 +137,10 @@ class SessionActor(StagedActor):
     # --- create / resume -----------------------------------------------------------------------
     @staged
     def create(self, req: CreateRequest, row: Session, inserted: Inserted) -> Stage[dict[str, Any]]:
-        """Start the new session's sandbox while the registry inserts its row (`inserted`): the
-        bridge's `init` runs in the sandbox's process beside the database write. The row is waited
-        for before anything else is stored about the session."""
+        """Start the new session's sandbox. Its row (`inserted`) is mostly stored already (SQLite,
+        `Sessions.insert_soon`); an insert that had to wait goes on beside the start, the bridge's
+        `init` in the sandbox's process beside the database write. The row is waited for before
+        anything else is stored about the session."""
         self.row = row  # being inserted, as it is: all a start reads is in it
         return (yield from self._first_start("created", None, resume_history=False, restore=False,
                                              agent=req.agent, inserted=inserted))

@@ -114,9 +114,9 @@ class SessionRegistry:
             self._actors[req.session_id] = ref
             self._tenants[req.session_id] = req.tenant
         try:
-            # The sandbox starts while the row is inserted; the actor waits for the insert before it
-            # stores anything more. Creation may install packages and run setup.sh: its budget
-            # includes the setup timeout.
+            # An insert still on its way goes on beside the sandbox's start; the actor waits for it
+            # before it stores anything more. Creation may install packages and run setup.sh: its
+            # budget includes the setup timeout.
             return await self._changed(req.session_id,
                                        self._proxy(req.session_id, ref).create(req, row, inserted),
                                        self.timeout + self.deps.init_timeout + 10)
