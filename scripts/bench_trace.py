@@ -8,9 +8,11 @@ bridge's `init`, the transition's transaction...) so that each call writes its s
 on the host's monotonic clock, the same clock this client marks each operation with. Then runs
 `--n` rounds of: create (pre-warmed sandbox), GET, first `message` frame, pause, warm resume,
 DELETE, and prints for each operation the median of each span: where it starts after the request
-reached the server, how long it takes, and on which thread.
+reached the server, how long it takes, and on which thread. Work that runs beside the operations
+(a sandbox's launch or destroy, a snapshot, a WAL checkpoint) is shown where it overlaps one; with
+`--slowest K`, each operation's K slowest are printed span by span after its medians.
 
-    .venv/bin/python scripts/bench_trace.py [--n 40] [--only create] [--keep FILE]
+    .venv/bin/python scripts/bench_trace.py [--n 40] [--only create] [--keep FILE] [--slowest K]
 
 The spans add a few microseconds each; compare the timeline's parts with each other, and the
 operations' totals with `scripts/bench_sessions.py`. A name in `SPANS` that no longer exists is
@@ -54,7 +56,7 @@ SPANS: list[tuple[str, str, str]] = [
     ("ashd.http._sse", "SseSink.open", "stream headers"),
     ("ashd.sandboxing._model_proxy", "ModelProxy._handle", "model proxy call"),
     ("ashd.http._sse", "SseSink.send", "frame written"),
-    ("ashd.storage._sessions", "Sessions.insert", "row insert"),
+    ("ashd.storage._sessions", "Sessions.insert_soon", "row insert"),
     ("ashd.actors._session", "SessionActor.start", "actor thread start"),
     ("ashd.actors._session", "SessionActor._start_sandbox", "start sandbox (actor)"),
     ("ashd.actors._pool", "PoolActor.claim", "pool claim (pool thread)"),
@@ -63,6 +65,12 @@ SPANS: list[tuple[str, str, str]] = [
     ("ashd.sandboxing._bridge_client", "BridgeConnection.init", "bridge init round trip"),
     ("ashd.actors._session", "SessionActor._transition", "transition (actor)"),
     ("ashd.actors._session", "SessionActor._end_then_snapshot", "end (actor)"),
+    ("ashd.actors._pool", "PoolActor.mark_ready", "pool mark_ready (pool thread)"),
+    # Work beside the operations, shown where it overlaps one (docs/performance.md, twenty-eighth pass).
+    ("ashd.actors._pool", "PoolActor._prepare_and_launch", "beside: a sandbox's launch"),
+    ("ashd.actors._pool", "PoolActor._destroy_now", "beside: a sandbox's destroy"),
+    ("ashd.actors._snapshot", "SnapshotActor._snapshot", "beside: a snapshot"),
+    ("ashd.storage._checkpoint", "WalCheckpointer.checkpoint", "beside: a WAL checkpoint"),
 ]
 
 SITECUSTOMIZE = '''
@@ -161,17 +169,24 @@ def read_spans(path: Path) -> tuple[list[tuple[str, float, float, str]], list[st
     return spans, warnings
 
 
-def report(marks: Marks, spans: list[tuple[str, float, float, str]], only: str | None) -> None:
+def _beside(span: tuple[str, float, float, str], t0: float, t1: float) -> bool:
+    """Work beside the operations counts where it overlaps one, started before it or not."""
+    return span[0].startswith("beside:") and span[1] < t1 and span[1] + span[2] > t0
+
+
+def report(marks: Marks, spans: list[tuple[str, float, float, str]], only: str | None, slowest: int = 0) -> None:
     by_op: dict[str, dict[str, list[tuple[float, float, str]]]] = collections.defaultdict(
         lambda: collections.defaultdict(list))
     totals: dict[str, list[float]] = collections.defaultdict(list)
+    each: dict[str, list[tuple[float, list[tuple[str, float, float, str]]]]] = collections.defaultdict(list)
     for name, t0, t1, figure in marks.ops[2 * len(OPERATIONS):]:  # the first two rounds warm the paths
-        inside = [s for s in spans if t0 <= s[1] <= t1]
+        inside = [s for s in spans if t0 <= s[1] <= t1 or _beside(s, t0, t1)]
         http = [s for s in inside if s[0] == "HTTP"]
         if not http:
             continue
         origin = http[0][1]
         totals[name].append(figure)
+        each[name].append((figure, [(label, start - origin, took, thread) for label, start, took, thread in inside]))
         seen: collections.Counter[str] = collections.Counter()
         for label, start, duration, thread in inside:
             seen[label] += 1
@@ -189,6 +204,10 @@ def report(marks: Marks, spans: list[tuple[str, float, float, str]], only: str |
             print(f"  {key:<34} {statistics.median(v[0] for v in values):8.3f} ms "
                   f"{statistics.median(v[1] for v in values):7.3f} ms   {threads.most_common(1)[0][0]}"
                   f"{'' if len(values) == len(totals[name]) else f' (in {len(values)} of {len(totals[name])})'}")
+        for figure, own in sorted(each[name], key=lambda e: e[0])[-slowest:] if slowest else []:
+            print(f"  one of the {slowest} slowest: client {figure:.3f} ms")
+            for label, start, duration, thread in own:
+                print(f"    {label:<32} {start:8.3f} ms {duration:7.3f} ms   {thread}")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -212,7 +231,7 @@ async def main(args: argparse.Namespace) -> None:
             trace.unlink(missing_ok=True)
     for warning in warnings:
         print(f"not traced: {warning}")
-    report(marks, spans, args.only)
+    report(marks, spans, args.only, args.slowest)
 
 
 if __name__ == "__main__":
@@ -220,4 +239,6 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=40, help="rounds measured (two more run first, unmeasured)")
     parser.add_argument("--only", choices=OPERATIONS, help="print this operation's timeline only")
     parser.add_argument("--keep", help="write the raw spans to this file and keep it")
+    parser.add_argument("--slowest", type=int, default=0,
+                        help="also print the spans of each operation's K slowest (its tail, and what ran beside it)")
     asyncio.run(main(parser.parse_args()))
