@@ -4,7 +4,9 @@ serves it: what it sends, how it reads a stream, and how each failure reaches th
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,35 @@ async def test_the_message_is_whole_at_message_stop_without_waiting_for_the_body
         await client.close()
     assert result.message["content"] == [{"type": "text", "text": "done"}]
     assert result.message["stop_reason"] == "end_turn"
+
+
+async def test_the_reply_left_at_message_stop_is_closed_by_the_call_not_by_the_garbage_collector(serve: Any) -> None:
+    """asyncio closes an unfinished async generator that is collected with a task it schedules
+    thread-safely (the loop's self-pipe written, the loop woken): the reply's line reader, left at
+    `message_stop`, is closed by the call that left it, before the message is handed on."""
+    collected: list[str] = []
+    hooks = sys.get_asyncgen_hooks()
+
+    def finalizer(agen: Any) -> None:
+        collected.append(agen.__qualname__)
+        if hooks.finalizer is not None:
+            hooks.finalizer(agen)
+
+    client = make_client(await serve(streaming(
+        event(START), event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "ok"}}),
+        event({"type": "content_block_stop", "index": 0}),
+        event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}), event({"type": "message_stop"}))))
+    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)  # generators made from now on
+    try:
+        for _ in range(3):
+            result = await call_model(client, PARAMS, betas=[], on_event=None, max_retries=0)
+            assert result.message["content"] == [{"type": "text", "text": "ok"}]
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=hooks.finalizer)
+        await client.close()
+    assert collected == []
 
 
 def test_a_request_with_encoded_tools_is_the_json_of_the_same_request() -> None:

@@ -18,8 +18,9 @@ model call of every turn. Without a socket (a base URL, TLS) httpx2 does it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import httpx2
@@ -111,7 +112,7 @@ class _Reply(Protocol):
     status_code: int
     headers: Mapping[str, str]
 
-    def lines(self) -> AsyncIterator[str]: ...
+    def lines(self) -> AsyncGenerator[str, None]: ...
 
     async def read(self) -> bytes: ...
 
@@ -249,7 +250,7 @@ class _UnixReply:
             if sep:
                 self._headers[name.strip().lower()] = value.strip()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         reader = self._reader
         if self.headers.get("transfer-encoding", "").lower() == "chunked":
             while True:
@@ -270,13 +271,14 @@ class _UnixReply:
             while chunk := await self._io(reader.read(65536)):
                 yield chunk
 
-    async def lines(self) -> AsyncIterator[str]:
+    async def lines(self) -> AsyncGenerator[str, None]:
         pending = b""
-        async for chunk in self.chunks():
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for line in complete:
-                yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        async with contextlib.aclosing(self.chunks()) as chunks:  # left at `message_stop`: see _read_events
+            async for chunk in chunks:
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for line in complete:
+                    yield line.removesuffix(b"\r").decode("utf-8", "replace")
         if pending:
             yield pending.removesuffix(b"\r").decode("utf-8", "replace")
 
@@ -293,8 +295,10 @@ class _HttpxReply:
         self.status_code = resp.status_code
         self.headers: Mapping[str, str] = resp.headers
 
-    def lines(self) -> AsyncIterator[str]:
-        return self._resp.aiter_lines()
+    async def lines(self) -> AsyncGenerator[str, None]:
+        async with contextlib.aclosing(self._resp.aiter_lines()) as lines:  # type: ignore[type-var]
+            async for line in lines:
+                yield line
 
     async def read(self) -> bytes:
         return await self._resp.aread()
@@ -360,22 +364,28 @@ async def _read_events(reply: _Reply, on_event: OnEvent) -> None:
 
     The message is whole at its `message_stop` event: the reply is not read further. What follows
     it on the wire is the body's framing (the last chunk), and waiting for it made every model call
-    wait for the model proxy's bookkeeping of the call, which it does before it ends the body."""
+    wait for the model proxy's bookkeeping of the call, which it does before it ends the body.
+
+    The line reader left there is closed here, not by the garbage collector: asyncio has a suspended
+    async generator that is collected closed by a task it schedules thread-safely (the loop's
+    self-pipe written and read, a task run), on the path from the reply's last event to the
+    assistant message's frame."""
     event = ""
     data: list[str] = []
-    async for line in reply.lines():
-        if line:
-            field, _, value = line.partition(":")
-            if value.startswith(" "):
-                value = value[1:]
-            if field == "data":
-                data.append(value)
-            elif field == "event":
-                event = value
-            continue
-        if data and await _dispatch(event, "\n".join(data), reply.headers, on_event):
-            return
-        event, data = "", []
+    async with contextlib.aclosing(reply.lines()) as lines:
+        async for line in lines:
+            if line:
+                field, _, value = line.partition(":")
+                if value.startswith(" "):
+                    value = value[1:]
+                if field == "data":
+                    data.append(value)
+                elif field == "event":
+                    event = value
+                continue
+            if data and await _dispatch(event, "\n".join(data), reply.headers, on_event):
+                return
+            event, data = "", []
     if data:
         await _dispatch(event, "\n".join(data), reply.headers, on_event)
 
