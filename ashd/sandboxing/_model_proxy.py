@@ -346,14 +346,18 @@ class ModelProxy:
                     async for chunk in upstream.content.iter_any():
                         if call.first_byte is None:
                             call.first_byte = time.monotonic()
-                        meter.feed(chunk)
-                        if not gone:
-                            try:
-                                await resp.write(chunk)
-                            except ConnectionResetError:
-                                # The sandbox hung up (an interrupted query). Keep reading until the API
-                                # has reported the input tokens, so the call is billed, then stop.
-                                gone = True
+                        try:
+                            if not gone:
+                                try:
+                                    await resp.write(chunk)
+                                except ConnectionResetError:
+                                    # The sandbox hung up (an interrupted query). Keep reading until the
+                                    # API has reported the input tokens, so the call is billed, then stop.
+                                    gone = True
+                        finally:
+                            # Metered once it is on its way (the sandbox reads it meanwhile), and also
+                            # when the write failed or was cancelled: what the API sent is billed.
+                            meter.feed(chunk)
                         if gone and meter.streaming and meter.started:
                             break  # (a JSON reply is complete already: it is read to its usage)
                 except aiohttp.ClientError as exc:  # sock_read's timeout too (ServerTimeoutError)
