@@ -30,6 +30,12 @@ ZYGOTE_PRELOAD = (
     "ashd.bridge._reaper",
 )
 
+# The most a socket or pipe read takes at once. asyncio's own, 256 KiB, is above glibc's mmap
+# threshold (128 KiB): each read then maps a fresh buffer, faults it in, shrinks and unmaps it
+# (15 µs a read on this machine kind against under 3 for 64 KiB; docs/performance.md, twenty-ninth
+# pass). The bridge reads each query, each model reply and each tool's output this way.
+READ_BYTES = 64 * 1024
+
 
 def zygote_warm() -> None:
     """Called once by the fork server after the preloads: the model client's first-request work,
@@ -42,6 +48,18 @@ def zygote_warm() -> None:
     # twenty-sixth pass).
     _parser()
     _configure_logging("INFO")
+    small_reads()
+
+
+def small_reads() -> None:
+    """Reads of at most `READ_BYTES` on asyncio's socket and pipe transports (set in the fork
+    server, so that its children find it set and write nothing)."""
+    from asyncio import selector_events, unix_events
+
+    for transport in (selector_events._SelectorSocketTransport,  # type: ignore[attr-defined]
+                      unix_events._UnixReadPipeTransport):  # type: ignore[attr-defined]
+        if transport.max_size != READ_BYTES:
+            transport.max_size = READ_BYTES
 
 
 @functools.cache
@@ -102,6 +120,7 @@ async def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(str(args.log_level))
+    small_reads()
     try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:

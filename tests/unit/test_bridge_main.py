@@ -67,3 +67,40 @@ def test_the_warm_up_leaves_nothing_running_and_logs_nothing() -> None:
     """)
     assert err == "", err
 
+
+
+def test_the_bridge_reads_sockets_and_pipes_below_the_mmap_threshold() -> None:
+    """Each read of asyncio's own size (256 KiB) maps and unmaps a fresh buffer; the bridge's
+    (`READ_BYTES`) come from the heap. Checked through asyncio itself: what one read delivers."""
+    err = run("""
+        import asyncio, fcntl, os, socket, sys
+        from ashd.bridge import __main__ as m
+        m.small_reads()
+        big = b"x" * (600 * 1024)
+
+        class Sizes(asyncio.Protocol):
+            def __init__(self):
+                self.sizes, self.done = [], asyncio.get_running_loop().create_future()
+            def data_received(self, data):
+                self.sizes.append(len(data))
+                if sum(self.sizes) >= len(big) and not self.done.done():
+                    self.done.set_result(None)
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            a, b = socket.socketpair()
+            _, sock = await loop.create_connection(Sizes, sock=b)
+            loop.run_in_executor(None, a.sendall, big)  # more than a socket's buffer holds
+            await sock.done
+            r, w = os.pipe()
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1024 * 1024)  # a read could take more than 64 KiB
+            _, pipe = await loop.connect_read_pipe(Sizes, os.fdopen(r, "rb", 0))
+            loop.run_in_executor(None, os.write, w, big)
+            await pipe.done
+            print(max(sock.sizes), max(pipe.sizes), file=sys.stderr)
+
+        asyncio.run(main())
+    """)
+    sock_max, pipe_max = (int(n) for n in err.split())
+    assert 0 < sock_max <= 64 * 1024, err
+    assert 0 < pipe_max <= 64 * 1024, err
