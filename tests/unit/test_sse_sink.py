@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from aiohttp_sse import EventSourceResponse
 
 from ashd.http import _sse
 from ashd.http._sse import SseSink
@@ -250,3 +251,29 @@ def test_the_default_ping_interval_is_the_readmes_15_seconds() -> None:
     # streams: nginx's default proxy_read_timeout is 60 s). Seeing the default on the wire would
     # take a 15 s wait and a clock bound; the test above shows this setting is what paces them.
     assert _sse.PING_INTERVAL == 15.0
+
+
+@pytest.mark.parametrize(("event", "data", "event_id"), [
+    ("message", '{"type":"assistant","text":"h\\u00e9 \\n"}', 7),
+    ("done", "{}", None),
+    ("error", "", 3),
+    ("message", "two\nlines\r\nthree\rfour", 12),
+    ("message", "é ✓ \u2028", 1),
+])
+async def test_a_frame_is_written_as_aiohttp_sse_writes_it(event: str, data: str, event_id: int | None) -> None:
+    """`send` writes its frames itself (no task or timer for a frame the kernel takes at once):
+    byte for byte what aiohttp-sse's own `send` writes with the same line ends."""
+    written: list[bytes] = []
+    response = EventSourceResponse(sep="\n")
+
+    async def capture(chunk: bytes | bytearray | memoryview) -> None:
+        written.append(bytes(chunk))
+
+    response.write = capture  # type: ignore[method-assign,assignment]
+    await response.send(data, id=None if event_id is None else str(event_id), event=event)
+    assert _sse.sse_frame(event, data, event_id) == b"".join(written)
+
+
+def test_an_event_name_with_a_line_break_is_refused() -> None:
+    with pytest.raises(ValueError):
+        _sse.sse_frame("message\ndata: forged", "{}")
