@@ -26,6 +26,7 @@ from ashd.sandboxing import LimitNotice, TurnSummary
 from ashd.storage import Session, Sessions, TurnUsage, iso, utcnow
 
 log = logging.getLogger(__name__)
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # one encoder, not one a frame
 
 
 class FrameSink(Protocol):
@@ -112,7 +113,7 @@ class TurnDriver:
                         data = frame.get("data")
                         if not isinstance(data, dict):
                             continue
-                        raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+                        raw = _compact(data)
                         try:
                             seq = await recorder.message(data, raw)
                         except (TurnLimitReached, StorageError) as exc:

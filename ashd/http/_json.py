@@ -12,9 +12,8 @@ from ashd.errors import BadRequest
 from ashd.http._keys import TENANT
 from ashd.http._strict import check_body
 
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+# One encoder for every answer: `json.dumps` with arguments builds a JSONEncoder per call.
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def ok(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
