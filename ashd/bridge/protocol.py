@@ -100,6 +100,7 @@ class FrameReader:
     """Reads frames from a connected non-blocking stream socket, one `recv` at a time."""
 
     def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME_BYTES) -> None:
+        sock.setblocking(False)  # `_recv_now` reads it on the loop's thread
         self._sock = sock
         self._buf = bytearray()
         self._max = max_frame
@@ -136,12 +137,14 @@ class FrameReader:
                 self._buf.clear()
             if self.eof:
                 return None
-            # The recv outlives a cancelled caller (shield): bytes it took off the socket are
-            # picked up by the next read instead of being lost with the cancelled one.
-            if self._recv is None:
-                self._recv = asyncio.ensure_future(loop.sock_recv(self._sock, _RECV_CHUNK))
-            chunk = await asyncio.shield(self._recv)
-            self._recv = None
+            chunk = self._recv_now() if self._recv is None else None
+            if chunk is None:
+                # The recv outlives a cancelled caller (shield): bytes it took off the socket are
+                # picked up by the next read instead of being lost with the cancelled one.
+                if self._recv is None:
+                    self._recv = asyncio.ensure_future(loop.sock_recv(self._sock, _RECV_CHUNK))
+                chunk = await asyncio.shield(self._recv)
+                self._recv = None
             if not chunk:
                 self.eof = True
                 if self._buf.strip() and not self._discarding:
@@ -150,6 +153,16 @@ class FrameReader:
                     return decode(line)
                 return None
             self._buf += chunk
+
+
+    def _recv_now(self) -> bytes | None:
+        """What the socket holds now, without the loop (None: nothing yet). The frames of a burst
+        (a turn's stream) are mostly there when the previous one is handled: read here, they take
+        no task and no loop iteration each."""
+        try:
+            return self._sock.recv(_RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return None
 
 
 class FrameWriter:

@@ -87,6 +87,27 @@ async def test_reader_splits_and_joins_chunks() -> None:
         b.close()
 
 
+async def test_a_frame_already_in_the_socket_is_read_without_the_loop() -> None:
+    """What the socket holds is read there and then (no task, no loop iteration: a stream's frames
+    come in bursts); only an empty socket waits on the loop, and what it then gets is not lost."""
+    a, b = await _pair()
+    try:
+        reader = p.FrameReader(b)
+        a.sendall(p.encode({"type": "ping", "id": "1"}))
+        step = reader.read()
+        with pytest.raises(StopIteration) as done:
+            step.send(None)  # one step, without the loop: it finished
+        assert done.value.value == {"type": "ping", "id": "1"}
+        waiting = asyncio.ensure_future(reader.read())  # nothing there yet: it waits
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        a.sendall(p.encode({"type": "pong", "id": "2"}))
+        assert await asyncio.wait_for(waiting, 5) == {"type": "pong", "id": "2"}
+    finally:
+        a.close()
+        b.close()
+
+
 async def test_reader_discards_oversized_line_and_continues() -> None:
     a, b = await _pair()
     try:
