@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ashd import compact_json
 from ashd.actors import SendQuery, TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket
 from ashd.backends._model_turn import ModelTurn
 from ashd.backends._protocol import Message
@@ -26,7 +27,6 @@ from ashd.sandboxing import LimitNotice, TurnSummary
 from ashd.storage import Session, Sessions, TurnUsage, iso, utcnow
 
 log = logging.getLogger(__name__)
-_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # one encoder, not one a frame
 
 
 class FrameSink(Protocol):
@@ -113,7 +113,7 @@ class TurnDriver:
                         data = frame.get("data")
                         if not isinstance(data, dict):
                             continue
-                        raw = _compact(data)
+                        raw = compact_json.dumps(data)
                         try:
                             seq = await recorder.message(data, raw)
                         except (TurnLimitReached, StorageError) as exc:

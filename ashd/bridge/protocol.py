@@ -17,14 +17,13 @@ import json
 import socket
 from typing import Any
 
+from ashd import compact_json
+
 PROTOCOL_VERSION = 2
 # 2 adds the bridge's `limits_check` request and the server's `limits_report` answer.
 SUPPORTED_VERSIONS = (1, 2)
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 _RECV_CHUNK = 64 * 1024
-# One encoder for every frame: `json.dumps` with arguments builds a JSONEncoder per call (4 of its
-# 7.5 µs for a small message; docs/performance.md, twenty-ninth pass).
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 # server -> bridge
 HELLO = "hello"
@@ -68,7 +67,7 @@ def encode(frame: Frame) -> bytes:
     if not isinstance(frame.get("type"), str):
         raise ProtocolError("a frame needs a string 'type'")
     try:
-        data = _COMPACT(frame).encode() + b"\n"
+        data = compact_json.dumps(frame).encode() + b"\n"
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"frame is not JSON-serialisable: {exc}") from exc
     if len(data) > MAX_FRAME_BYTES:
@@ -153,7 +152,6 @@ class FrameReader:
                     return decode(line)
                 return None
             self._buf += chunk
-
 
     def _recv_now(self) -> bytes | None:
         """What the socket holds now, without the loop (None: nothing yet). The frames of a burst

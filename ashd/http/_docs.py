@@ -9,8 +9,8 @@ from pathlib import Path
 import swagger_ui_bundle
 from aiohttp import web
 
+from ashd.compact_json import dumps
 from ashd.errors import NotFound
-from ashd.http._json import dumps
 from ashd.http._openapi import openapi_document
 
 routes = web.RouteTableDef()

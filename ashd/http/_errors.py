@@ -7,8 +7,8 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from ashd.compact_json import dumps
 from ashd.errors import ServiceError
-from ashd.http._json import dumps
 from ashd.storage import storage_failure
 
 log = logging.getLogger(__name__)

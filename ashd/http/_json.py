@@ -7,13 +7,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ashd.compact_json import dumps
 from ashd.config import MIN_DISK_MB
 from ashd.errors import BadRequest
 from ashd.http._keys import TENANT
 from ashd.http._strict import check_body
-
-# One encoder for every answer: `json.dumps` with arguments builds a JSONEncoder per call.
-dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def ok(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

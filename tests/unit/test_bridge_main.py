@@ -68,7 +68,6 @@ def test_the_warm_up_leaves_nothing_running_and_logs_nothing() -> None:
     assert err == "", err
 
 
-
 def test_the_bridge_reads_sockets_and_pipes_below_the_mmap_threshold() -> None:
     """Each read of asyncio's own size (256 KiB) maps and unmaps a fresh buffer; the bridge's
     (`READ_BYTES`) come from the heap. Checked through asyncio itself: what one read delivers."""

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import httpx2
 
+from ashd import compact_json
+
 OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 API_VERSION = "2023-06-01"
 CONNECT_TIMEOUT_S = 10.0
@@ -89,7 +91,7 @@ def encoded_list(items: list[Any]) -> EncodedList:
     return out
 
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # one encoder, not one a call
+_dumps = compact_json.dumps
 
 
 def encode_request(params: dict[str, Any]) -> bytes:
