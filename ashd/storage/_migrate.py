@@ -138,6 +138,12 @@ def _v15_webhooks(conn: Connection) -> None:
 
     Webhook.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
     WebhookDelivery.__table__.create(conn, checkfirst=True)  # type: ignore[attr-defined]
+def _v16_webhook_listening_since(conn: Connection) -> None:
+    """webhooks.listening_since: a hook enabled again does not hear what happened while it was off."""
+    ts = "TIMESTAMP WITH TIME ZONE" if conn.dialect.name == "postgresql" else "DATETIME"
+    _add_column(conn, "webhooks", "listening_since", ts)
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "initial schema", _v1_initial),
     (2, "model calls", _v2_model_calls),
@@ -152,6 +158,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (13, "queue items: claim owner, lease and result", _v13_queue_claims),
     (14, "attachments.content: attachment bytes in the database", _v14_attachment_content),
     (15, "webhooks and their delivery outbox", _v15_webhooks),
+    (16, "webhooks.listening_since: an event is heard by the hooks enabled when it happened",
+     _v16_webhook_listening_since),
 ]
 
 

@@ -351,6 +351,8 @@ class Webhook(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # When it last began to hear events, if not at its creation: its last enable (migration 16).
+    listening_since: Mapped[dt.datetime | None] = mapped_column(default=None)
 
 
 class WebhookDelivery(Base):

@@ -19,7 +19,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import case, delete, func, select, update
 
 from ashd.errors import Conflict, NotFound
 from ashd.storage._crypto import Cipher
@@ -114,9 +114,12 @@ class Webhooks:
     async def update(self, tenant: str, webhook_id: str, **values: Any) -> Webhook:
         if "events" in values:
             values["events"] = json.dumps(values["events"])
+        now = utcnow()
+        if values.get("enabled") is True:  # a disabled hook hears from now on, not what happened while it was off
+            values["listening_since"] = case((Webhook.enabled.is_(True), Webhook.listening_since), else_=now)
         async with self._db.tx() as s:
             result = await s.execute(update(Webhook).where(Webhook.id == webhook_id, Webhook.tenant_id == tenant)
-                                     .values(updated_at=utcnow(), **values))
+                                     .values(updated_at=now, **values))
             if not result.rowcount:  # type: ignore[attr-defined]
                 raise NotFound(f"Webhook {webhook_id} not found")
         self._changed()
@@ -141,13 +144,14 @@ class Webhooks:
                       webhook_id: str | None = None, occurred_at: dt.datetime | None = None) -> builtins.list[str]:
         """One pending delivery per enabled hook of `tenant` subscribed to `event` (or the one hook
         named, whatever it subscribes to: a test delivery). Returns the delivery ids. `occurred_at`:
-        when the event happened; a hook created after it does not hear it (the event is stored a
-        moment later, and its client may have added a hook meanwhile)."""
+        when the event happened; a hook created or enabled again after it does not hear it (the event
+        is stored a moment later, and its client may have added or enabled a hook meanwhile)."""
         # Every session status change and every turn's end comes here, mostly for tenants with no
         # hook: answered from memory before anything is built (a query costs more than the rest).
         if webhook_id is None and (tenant, event) in self._unheard:
             return []
-        query = select(Webhook.id, Webhook.events, Webhook.created_at).where(Webhook.tenant_id == tenant)
+        query = select(Webhook.id, Webhook.events, func.coalesce(Webhook.listening_since, Webhook.created_at)
+                       ).where(Webhook.tenant_id == tenant)
         query = query.where(Webhook.id == webhook_id) if webhook_id else query.where(Webhook.enabled.is_(True))
         # A read answers the rest without taking SQLite's write lock, which the next transition (a
         # resume right after a pause) would otherwise wait for. A hook added after the event is left
@@ -159,9 +163,9 @@ class Webhooks:
                 self._unheard.add((tenant, event))
             return []
         async with self._db.tx() as s:
-            hooks = [hid for hid, events, created in (await s.execute(query)).all()
+            hooks = [hid for hid, events, since in (await s.execute(query)).all()
                      if webhook_id or (event in json.loads(events)
-                                       and (occurred_at is None or created <= occurred_at))]
+                                       and (occurred_at is None or since <= occurred_at))]
             now = utcnow()
             ids: builtins.list[str] = []
             for hook in hooks:

@@ -395,6 +395,25 @@ async def test_an_event_is_heard_by_the_hooks_there_when_it_happened(wapi: Api, 
     assert len(await deliveries(wapi, hook, "delivered")) == 2
 
 
+async def test_a_hook_enabled_again_does_not_hear_what_happened_while_it_was_off(
+        wapi: Api, receiver: Receiver) -> None:
+    """A status change while a hook is disabled, stored only after its client enabled the hook
+    again (the change is handed from the session's thread to the loop), is not the hook's."""
+    components = wapi.server.components
+    assert components is not None
+    hook, _ = await register(wapi, receiver.url, ["session.status_changed"])
+    assert (await wapi.call("PATCH", f"/api/webhooks/{hook}", json={"enabled": False}))[0] == 200
+    happened = utcnow()
+    assert (await wapi.call("PATCH", f"/api/webhooks/{hook}", json={"enabled": True}))[0] == 200
+    data = {"sessionId": "s-1", "from": "active", "to": "paused"}
+    assert await components.webhooks.emit("default", "session.status_changed", data, happened) == []
+    assert len(await components.webhooks.emit("default", "session.status_changed", data, utcnow())) == 1
+    # Enabling a hook that is on already is no new start: what happened before that is still heard.
+    before = utcnow()
+    assert (await wapi.call("PATCH", f"/api/webhooks/{hook}", json={"enabled": True}))[0] == 200
+    assert len(await components.webhooks.emit("default", "session.status_changed", data, before)) == 1
+
+
 async def test_crud_tenants_and_strict_input(api: Api) -> None:
     # A public address, literal: registration resolves and checks it, it does not connect.
     status, body = await api.call("POST", "/api/webhooks", json={"url": "https://8.8.8.8/hook",
