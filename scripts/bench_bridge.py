@@ -11,7 +11,9 @@ and p99:
 - a query sent to its first `message` frame, and to its `done`, with a fresh conversation (a new
   `init` every 20 queries);
 - the first frame as the conversation grows by two messages a query (`--grow` queries without a new
-  `init`), at four points, with the size of the request body the fake model got there.
+  `init`), at four points, with the size of the request body the fake model got there;
+- on each query row, the bridge process's CPU per query (its process CPU clock, every thread), the
+  part of the row that is the bridge's own work whatever the fake model in this process costs.
 Prints figures; asserts nothing (docs/performance.md, twenty-second pass).
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import aiohttp
 
+from ashd._heap import settle
 from ashd.devtools.fake_model import FakeModel
 from ashd.sandboxing._bridge_client import BridgeConnection
 from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, SessionModels
@@ -65,6 +68,11 @@ async def model_alone(url: str, connector: aiohttp.BaseConnector | None, n: int)
     return firsts
 
 
+def cpu_ms(pid: int) -> float:
+    """Process `pid`'s CPU time so far (the kernel's CPUCLOCK_SCHED clock of that process)."""
+    return time.clock_gettime(((~pid) << 3) | 2) * 1000
+
+
 async def query(conn: BridgeConnection, qid: str) -> tuple[float, float]:
     """ms to the first `message` frame, and to `done`."""
     t0 = time.perf_counter()
@@ -90,6 +98,7 @@ async def main(n: int, grow: int) -> None:
     proxy.begin_turn("bench", "bench-turn", None, None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
     env["HOME"] = str(paths.home)
+    settle()  # as the server does once started (ashd/_heap.py): its collector's full passes stay short
     bridge = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ashd.bridge", "--socket", str(paths.bridge_socket), "--model-socket",
         str(paths.model_socket), "--workspace", str(paths.workspace), env=env,
@@ -100,6 +109,7 @@ async def main(n: int, grow: int) -> None:
              await model_alone("http://proxy/v1/messages", aiohttp.UnixConnector(path=str(paths.model_socket)), n))
         conn = await BridgeConnection.connect(str(paths.bridge_socket), 30)
         firsts, dones = [], []
+        cpu0 = cpu_ms(bridge.pid)
         for i in range(n):
             if i % RESET_EVERY == 0:
                 await conn.init({"model": MODEL})
@@ -107,19 +117,26 @@ async def main(n: int, grow: int) -> None:
             firsts.append(first)
             dones.append(done)
             await asyncio.sleep(0.002)
-        line(f"query -> first message frame (new init every {RESET_EVERY})", firsts)
+        fresh_cpu = f"  bridge CPU {(cpu_ms(bridge.pid) - cpu0) / max(n, 1):.3f} ms/query"
+        line(f"query -> first message frame (new init every {RESET_EVERY})", firsts, fresh_cpu)
         line("query -> done", dones)
         await conn.init({"model": MODEL})
         grown: list[float] = []
         marks = sorted({0, grow // 3, 2 * grow // 3, grow - RESET_EVERY})
+        cpu0 = cpu_ms(bridge.pid)
         for i in range(grow):
+            if i in marks:
+                cpu0 = cpu_ms(bridge.pid)
             grown.append((await query(conn, f"grow-{i}"))[0])
             await asyncio.sleep(0.002)
             if i - RESET_EVERY + 1 in marks:
                 start = i - RESET_EVERY + 1
                 size = len(json.dumps(fake.requests[-1]["body"]).encode())
+                per_query = (cpu_ms(bridge.pid) - cpu0) / RESET_EVERY
                 line(f"  the same, messages {2 * start + 1}-{2 * i + 1} in the request",
-                     grown[start:i + 1], f"  body {size / 1024:.1f} KiB")
+                     grown[start:i + 1], f"  body {size / 1024:.1f} KiB, bridge CPU {per_query:.3f} ms/query")
+            if (i + 1) % RESET_EVERY == 0:  # the fake keeps every request: a heap its collector walks
+                fake.reset()
         await conn.close()
     finally:
         bridge.terminate()

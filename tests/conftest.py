@@ -36,6 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if installed and not _ashd_dir().is_relative_to(Path(installed).resolve()):
         raise pytest.UsageError(f"ASHD_TEST_INSTALLED={installed}, but ashd is imported from {_ashd_dir()}")
     _server_wakeup_once()
+    # Every engine run by the suite in a process of its own (the bridge fixture) checks each request's
+    # kept message JSON against a fresh encoding (ashd/bridge/engine/_message_json.py).
+    os.environ.setdefault("ASHD_VERIFY_REQUEST_JSON", "1")
 
 
 def _server_wakeup_once() -> None:

@@ -27,6 +27,7 @@ from ashd.bridge.engine._compact import (
 from ashd.bridge.engine._compact import plan as plan_compaction
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._mcp import LogFn, McpManager
+from ashd.bridge.engine._message_json import MessageTexts
 from ashd.bridge.engine._model import CallResult, ModelClient, ModelError, PromptTooLong, call_model, make_client
 from ashd.bridge.engine._options import EFFORT_BETA, STRUCTURED_OUTPUT_TOOL, QueryOptions, apply_live_config
 from ashd.bridge.engine._permissions import Permissions
@@ -93,6 +94,7 @@ class Engine:
         self._query: _Query | None = None
         # The main conversation's last measured size (compaction); subagents measure their own.
         self._measure = Measure()
+        self._texts = MessageTexts()  # the main conversation's messages as JSON, kept between calls
 
     def _permissions(self) -> Permissions:
         c = self.config
@@ -186,7 +188,7 @@ class Engine:
         # A turn that does not finish is closed in the conversation (history.close_unanswered_turn),
         # so the next prompt is never merged into its unanswered one and asked again.
         try:
-            subtype, text = await self._loop(self.messages, profile, None, max_turns, self._measure)
+            subtype, text = await self._loop(self.messages, profile, None, max_turns, self._measure, self._texts)
         except ModelError as exc:
             close_unanswered_turn(self.messages, f"the model call failed: {str(exc)[:300]}")
             # The message's maxBudgetUsd spent: the Agent SDK's own subtype for it.
@@ -231,6 +233,7 @@ class Engine:
         parent: str | None,
         max_turns: int,
         measure: Measure,
+        texts: MessageTexts,
     ) -> tuple[str, str]:
         q = self._query
         assert q is not None
@@ -247,7 +250,7 @@ class Engine:
             try:
                 call = await call_model(
                     self.client,
-                    self._turn_request(profile, messages, structured),
+                    self._turn_request(profile, messages, structured, texts),
                     betas=self._betas(),
                     on_event=on_event if q.include_partial else None,
                 )
@@ -351,12 +354,12 @@ class Engine:
         return self.config.betas
 
     def _turn_request(self, profile: Profile, messages: list[dict[str, Any]],
-                      structured: StructuredOutput | None) -> dict[str, Any]:
+                      structured: StructuredOutput | None, texts: MessageTexts) -> dict[str, Any]:
         """A call of the agent loop: the conversation's request plus the query's options (thinking,
         effort, and for the main thread the StructuredOutput tool)."""
         q = self._query
         assert q is not None
-        params = self._request(profile, messages, structured)
+        params = self._request(profile, messages, structured, texts)
         options = q.options
         if options.thinking is not None:
             params["thinking"] = dict(options.thinking)
@@ -370,12 +373,14 @@ class Engine:
         return params
 
     def _request(self, profile: Profile, messages: list[dict[str, Any]],
-                 structured: StructuredOutput | None = None) -> dict[str, Any]:
-        """The Messages API request for the conversation so far, with its cache breakpoints."""
+                 structured: StructuredOutput | None = None, texts: MessageTexts | None = None) -> dict[str, Any]:
+        """The Messages API request for the conversation so far, with its cache breakpoints; with
+        `texts`, its messages encoded from the conversation's kept texts."""
+        marked = cached_messages(messages)
         params: dict[str, Any] = {
             "model": profile.model,
             "max_tokens": self.config.max_tokens,
-            "messages": cached_messages(messages),
+            "messages": texts.encoded(marked) if texts is not None else marked,
         }
         prompt = profile.system
         if structured is not None:
@@ -440,7 +445,8 @@ class Engine:
             model=subagent_model(definition.get("model")) or main.model,
         )
         messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-        subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns, Measure())
+        subtype, text = await self._loop(messages, profile, tool_use_id, self.config.max_turns, Measure(),
+                                         MessageTexts())
         return ToolResult(text or "(the subagent returned no text)", is_error=subtype != "success")
 
 
