@@ -4,8 +4,9 @@
 Prints p50/p99 of each row of the speed table (issue 13): create (pre-warmed sandbox), DELETE, GET,
 pause, warm resume, POST a message -> first `message` frame (instant model; and the same less the
 model's own first byte as ashd's model proxy measured it), and the server's CPU time (every thread)
-during each; then 4 creates at once with no warm sandbox, cold resume, create
-without a warm sandbox, the server CPU time per streamed frame, frames per second through one
+during each; then cold resume, the first frame late in one long conversation (its 20 turns to
+`--turns`, each prompt ~450 characters, and the server's CPU per turn), 4 creates at once with no
+warm sandbox, create without a warm sandbox, the server CPU time per streamed frame, frames per second through one
 server with N concurrent sessions, and the memory held by a stalled stream. Everything runs on
 loopback, the server as a separate process, and stops by itself.
 
@@ -53,9 +54,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def line(name: str, values_ms: list[float]) -> None:
+def line(name: str, values_ms: list[float], extra: str = "") -> None:
     print(f"{name:<42} p50 {statistics.median(values_ms):8.2f} ms   p99 {pct(values_ms, 0.99):8.2f} ms"
-          f"   (n={len(values_ms)})")
+          f"   (n={len(values_ms)}){extra}")
 
 
 async def wait_http(url: str, timeout: float = 60) -> None:
@@ -294,6 +295,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--stalled", type=int, default=32, help="streams held stalled at once for the memory row")
     parser.add_argument("--frames", type=int, default=2000, help="text deltas per streamed turn")
+    parser.add_argument("--turns", type=int, default=200, help="turns of the long conversation's row")
     parser.add_argument("--compare", nargs=2, metavar=("URL", "KEY"),
                         help="also run the table's rows against this server, interleaved")
     parser.add_argument("--compare-agent", default="bench", help="an agent deployed on the --compare server")
@@ -328,6 +330,7 @@ async def main() -> None:
                 await c.call("POST", f"/api/sessions/{sid}/stop")
                 cold.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
             line("cold resume (after stop)", cold)
+            await long_conversation(c, model_url, args.turns, ServerCpu(proc.pid))
         async with ashd_server(model_url, prewarm=0) as (url, key, _proc):
             c = Client(http, url, key)
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
@@ -354,6 +357,28 @@ async def main() -> None:
             sids += [(await c.call("POST", "/api/sessions", {"agent": "bench"}))["session"]["id"]
                      for _ in range(max(0, args.stalled - len(sids)))]
             await stalled_stream(url, key, sids[:max(1, args.stalled)], proc)
+
+
+async def long_conversation(c: Client, model_url: str, turns: int, cpu: ServerCpu) -> None:
+    """One session's first frames as its conversation grows: every model call sends all of it, so
+    what a call costs with its size shows here (docs/performance.md, thirtieth pass). The fake
+    model's record of requests is emptied as it goes: kept, its own collector's passes over them
+    stalled it 40-70 ms now and then by the 200th turn."""
+    if turns < 40:
+        return
+    sid = (await c.call("POST", "/api/sessions", {"agent": "bench"}))["session"]["id"]
+    firsts: list[float] = []
+    row = TABLE[5]
+    for i in range(turns):
+        with cpu.during(row):
+            firsts.append(await first_message_frame(c, sid, f"bench-instant {i} " + "words " * 72))
+        if i % 20 == 19:
+            await c.http.delete(model_url + "/_fake/requests")
+    spent = cpu.per_row[row]
+    for label, part in (("1-20", slice(0, 20)), (f"{turns - 19}-{turns}", slice(-20, None))):
+        line(f"first frame, conversation turns {label}", firsts[part],
+             f"  server CPU {statistics.median(spent[part]):.2f} ms/turn")
+    await c.call("DELETE", f"/api/sessions/{sid}")
 
 
 async def stalled_stream(url: str, key: str, sids: list[str], proc: psutil.Process) -> None:
