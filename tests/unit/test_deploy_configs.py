@@ -68,3 +68,16 @@ def test_systemd_units_for_serve_and_runner() -> None:
         assert service["Delegate"] == "yes" and service["KillMode"] == "mixed", name
         assert "SERVICE_DATA_DIR=" in service["Environment"], name
         assert unit["Install"]["WantedBy"] == "multi-user.target", name
+
+
+def test_the_cluster_tests_nginx_config_names_each_coordinator_whole() -> None:
+    """The e2e cluster's nginx config is the shipped one with the run's ports: a first coordinator on
+    a port starting 4102 once turned the second's address into port 598613 (a failed CI run)."""
+    from tests.fixtures.cluster import NGINX_CONF, nginx_conf
+
+    shipped = NGINX_CONF.read_text()
+    both = nginx_conf(shipped, 40000, [41023, 59861])
+    assert re.findall(r"server (127\.0\.0\.1:\d+)", both) == ["127.0.0.1:41023", "127.0.0.1:59861"]
+    one = nginx_conf(shipped, 40000, [41023])
+    assert re.findall(r"server (127\.0\.0\.1:\d+)", one) == ["127.0.0.1:41023"]
+    assert "listen 127.0.0.1:40000;" in both and "X-Upstream" in both
