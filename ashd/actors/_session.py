@@ -524,17 +524,25 @@ class SessionActor(StagedActor):
                 self._hold_sandbox()
         assert self.handle is not None
         live_config, self._live_changes = self._live_changes, None
+        meter = self.handle.meter
         ticket = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                             "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
-                            meter=self.handle.meter,
-                            cpu_at_start=self.handle.meter.cpu_seconds() if self.handle.meter else None,
-                            live_config=live_config)
+                            meter=meter, live_config=live_config)
         withdraw: Callable[[], Coroutine[Any, Any, None]] | None = None
+        # The sandbox's CPU counter at the turn's start, read once the query is on its way where it
+        # goes with the prompt's transaction: a cold read of the cgroup file took 0.05-0.07 ms of the
+        # path to the bridge, and the bridge has not woken by then (its wake-up alone takes longer;
+        # the turn's CPU is counted in ms). Elsewhere the query is sent after this step, which reads it last.
+        cpu: list[float | None] = []
+
+        def read_cpu() -> None:
+            cpu.append(meter.cpu_seconds() if meter else None)
 
         def send_first() -> None:
             nonlocal withdraw
             assert send_query is not None
             withdraw = send_query(ticket)
+            read_cpu()
 
         # The query goes first where the prompt's transaction runs here on the loop, where the bridge
         # connection lives: nothing else runs on the loop until it committed or failed, so no model
@@ -551,8 +559,11 @@ class SessionActor(StagedActor):
             if withdraw is not None:
                 yield withdraw()  # the engine leaves the query out of its conversation
             raise
+        if not cpu:  # no query sent with the transaction (it went to the writer's thread, or not here)
+            read_cpu()
         self._turn_since_row = True  # the user message moved lastActiveAt: a view reads the row again
-        self.turn = dataclasses.replace(ticket, first_event=first_event, sent=withdraw is not None)
+        self.turn = dataclasses.replace(ticket, first_event=first_event, sent=withdraw is not None,
+                                        cpu_at_start=cpu[0])
         return self.turn
 
     # --- live config ---------------------------------------------------------------------------

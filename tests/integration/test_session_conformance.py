@@ -4,7 +4,10 @@ and a turn's compute seconds taken from the sandbox's CPU accounting."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
+import threading
 from typing import Any
 
 import pytest
@@ -131,3 +134,53 @@ async def test_compute_seconds_are_the_sandboxes_cpu_time_not_the_turns_wall_tim
     assert status == 200, body
     seconds = body["stats"]["totalComputeSeconds"]
     assert 0 < seconds < 2.0, seconds
+
+
+async def test_a_turn_whose_prompt_waits_for_the_database_still_counts_the_sandboxes_cpu(
+        sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
+    """Another writer holds SQLite as the message arrives: the prompt's transaction goes to the
+    writer's thread, the query is sent after it (not with it), and the turn's start is still read
+    from the sandbox's CPU counter (a turn whose counter was never read counts its wall time). On
+    PostgreSQL the query never goes with the prompt's transaction: the same path, without a holder."""
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    fake_model.script("wait-for-the-writer", [
+        {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "sleep 2"}}]},
+        {"content": [{"type": "text", "text": "rested"}]},
+    ])
+    assert sapi.server.components is not None
+    path = sapi.server.components.db.sqlite_file
+    if path is None:
+        status, frames = await send(sapi, sid, "wait-for-the-writer")
+        assert status == 200 and frames[-1].event == "done", frames
+        status, body = await sapi.call("GET", "/api/usage/stats")
+        assert status == 200 and 0 < body["stats"]["totalComputeSeconds"] < 1.5, body
+        return
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_database() -> None:
+        other = sqlite3.connect(path, timeout=10, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            holding.set()
+            release.wait(10)
+            other.execute("COMMIT")
+        finally:
+            other.close()
+
+    holder = threading.Thread(target=hold_the_database)
+    holder.start()
+    try:
+        assert await asyncio.to_thread(holding.wait, 10)
+        sending = asyncio.ensure_future(send(sapi, sid, "wait-for-the-writer"))
+        await asyncio.sleep(0.3)
+        assert not sending.done()  # the prompt waits for the database
+        assert not fake_model.requests_containing("wait-for-the-writer")  # and so does its model call
+    finally:
+        release.set()
+        await asyncio.to_thread(holder.join, 10)
+    status, frames = await sending
+    assert status == 200 and frames[-1].event == "done", frames
+    status, body = await sapi.call("GET", "/api/usage/stats")
+    assert status == 200, body
+    assert 0 < body["stats"]["totalComputeSeconds"] < 1.5, body["stats"]
