@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import threading
 from typing import Any
@@ -31,13 +32,17 @@ from ashd.devtools._fake_stream import error_body, full_message, sse_events
 
 DEFAULT_MODEL = "claude-fake-model"
 ONE_WRITE_BYTES = 16 * 1024
+# Run on its own (`python -m`, `scripts/fake_model`), the fake keeps the last this many requests: each
+# holds its whole conversation, so a day of offline development kept them all grows without end.
+CLI_KEEP_REQUESTS = 1000
 
 
 class FakeModel:
-    def __init__(self) -> None:
+    def __init__(self, keep_requests: int | None = None) -> None:
+        """`keep_requests`: how many of the latest requests `requests` keeps (None: all of them)."""
         self.scripts = ScriptBook()
         self.cache = PromptCache()
-        self._requests: list[dict[str, Any]] = []
+        self._requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep_requests)
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -183,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ashd.devtools.fake_model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--keep-requests", type=int, default=CLI_KEEP_REQUESTS,
+                        help="the latest requests kept for GET /_fake/requests (0: all)")
     args = parser.parse_args(argv)
-    fake = FakeModel()
+    fake = FakeModel(keep_requests=args.keep_requests if args.keep_requests > 0 else None)
     print(f"fake Messages API on http://{args.host}:{args.port}", flush=True)
     web.run_app(fake.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
