@@ -39,6 +39,9 @@ from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, SessionMode
 from ashd.sandboxing._model_proxy import ModelProxy
 from ashd.sandboxing._types import SandboxPaths
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sessions import ServerCpu
+
 KEY = "sk-ant-bench-0123456789"
 MODEL = "claude-fake-model"
 PROMPT = "bench-instant"
@@ -69,8 +72,8 @@ async def model_alone(url: str, connector: aiohttp.BaseConnector | None, n: int)
 
 
 def cpu_ms(pid: int) -> float:
-    """Process `pid`'s CPU time so far (the kernel's CPUCLOCK_SCHED clock of that process)."""
-    return time.clock_gettime(((~pid) << 3) | 2) * 1000
+    """Process `pid`'s CPU time so far, in ms (`bench_sessions.ServerCpu`'s clock)."""
+    return ServerCpu(pid).seconds() * 1000
 
 
 async def query(conn: BridgeConnection, qid: str) -> tuple[float, float]:
@@ -123,7 +126,7 @@ async def main(n: int, grow: int) -> None:
         await conn.init({"model": MODEL})
         grown: list[float] = []
         marks = sorted({0, grow // 3, 2 * grow // 3, grow - RESET_EVERY})
-        cpu0 = cpu_ms(bridge.pid)
+        cpu0 = 0.0
         for i in range(grow):
             if i in marks:
                 cpu0 = cpu_ms(bridge.pid)
