@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import Table, bindparam, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as SyncSession
 
@@ -37,7 +37,7 @@ from ashd.storage._agent_archive import claim, current_owner, materialise, pack,
 from ashd.storage._agent_paths import AgentPathPolicy, tenant_dir_name
 from ashd.storage._crypto import Cipher
 from ashd.storage._database import Database
-from ashd.storage._models import Agent, AgentVersion, iso, new_id, utcnow
+from ashd.storage._models import Agent, AgentVersion, from_row, iso, new_id, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,8 @@ KEEP = _Keep()
 
 
 _KNOWN_MAX = 10_000  # agent rows kept by `resolve`
+_AGENTS = cast(Table, Agent.__table__)
+_AGENT_BY_NAME = select(_AGENTS).where(_AGENTS.c.tenant_id == bindparam("tenant"), _AGENTS.c.name == bindparam("name"))
 _AGENT = select(Agent).where(Agent.tenant_id == bindparam("tenant"), Agent.name == bindparam("name"))
 _TENANT_AGENTS = select(Agent).where(Agent.tenant_id == bindparam("tenant")).order_by(Agent.name)
 _AGENT_ID = select(Agent.id).where(Agent.tenant_id == bindparam("tenant"), Agent.name == bindparam("name"))
@@ -299,25 +301,21 @@ class Agents:
             return base / f"v{row.version}" if _cached(base, row.version, row.id) else None
 
         known = self._known.get((tenant, name))
-        if known is not None:
-            row, env = known
-            folder = held(row)  # a few stats: cheaper than a trip to a thread and back
-        else:
-            statement = select(Agent).where(Agent.tenant_id == tenant, Agent.name == name)
-
-            def read(s: SyncSession) -> tuple[Agent | None, Path | None]:
-                found = s.execute(statement).scalar_one_or_none()
-                return found, (held(found) if found is not None else None)
-
+        if known is None:
+            # One prebuilt statement: on PostgreSQL, where nothing is cached (another coordinator may
+            # change the agent), one round trip on the driver rather than an ORM session around it.
             generation = self._generation
-            found, folder = await self._db.run_read(read)
-            if found is None:
+            rows = await self._db.read_rows(_AGENT_BY_NAME, {"tenant": tenant, "name": name})
+            if not rows:
                 raise NotFound(f"Agent {name} not found")
-            row, env = found, MappingProxyType(self._env(found))
+            found = from_row(Agent, rows[0])
+            known = (found, MappingProxyType(self._env(found)))
             if self._cacheable and generation == self._generation:
                 if len(self._known) >= _KNOWN_MAX:
                     self._known.clear()
-                self._known[(tenant, name)] = (row, env)
+                self._known[(tenant, name)] = known
+        row, env = known
+        folder = held(row)  # a few stats: cheaper than a trip to a thread and back
         path = folder if folder is not None else await self._checked_path(row)
         return AgentView(id=row.id, name=row.name, version=row.version, path=str(path), model=row.model, env=env,
                          network=row.network, disk_mb=row.disk_mb)

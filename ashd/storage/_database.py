@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import AsyncSession as OrmSession
 from sqlalchemy.orm import Session as SyncSession
+from sqlalchemy.sql import ClauseElement
 
 from ashd.errors import Unavailable
-from ashd.storage._direct import CoreStatements, Statements
+from ashd.storage._direct import CoreStatements, Row, Statements
 from ashd.storage._engine import READ_ONLY, create_engine, normalise_url, sessionmaker
 from ashd.storage._failures import storage_failure
 from ashd.storage._fastpath import SqliteReader, SqliteWriter, WriterBusy, WriterClosed
+from ashd.storage._fastpath_pg import PgDirect
 from ashd.storage._migrate import migrate
 from ashd.storage._models import Meta
 
@@ -35,9 +37,14 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine)
-        self._readers = sessionmaker(engine.execution_options(**{READ_ONLY: True}))
+        # On PostgreSQL a read runs without BEGIN and ROLLBACK around it, two round trips of its three:
+        # at READ COMMITTED (the default, never changed here) each statement takes its own snapshot
+        # inside a transaction too, so a read sees nothing different.
+        readers = {"isolation_level": "AUTOCOMMIT"} if engine.dialect.name == "postgresql" else {}
+        self._readers = sessionmaker(engine.execution_options(**{READ_ONLY: True}, **readers))
         self._writer: SqliteWriter | None = None
         self._reader: SqliteReader | None = None
+        self._pg = PgDirect(engine.sync_engine) if engine.dialect.name == "postgresql" else None
         if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
             self._writer = SqliteWriter(engine.url.render_as_string(hide_password=False))
             self._reader = SqliteReader(engine.url.render_as_string(hide_password=False))
@@ -65,12 +72,28 @@ class Database:
             _raise_mapped(exc)
             raise
 
-    async def run_direct(self, fn: Callable[[Statements], T]) -> T:
+    async def read_rows(self, statement: ClauseElement, params: Mapping[str, Any]) -> list[Row]:
+        """The rows of one prebuilt SELECT (`_direct.py`), as dicts by column key: on PostgreSQL one
+        statement on the driver, outside a transaction (at READ COMMITTED it would see the same)."""
+        try:
+            if self._pg is not None:
+                return await self._pg.run(lambda x: x.rows(statement, params), PgDirect.READ)
+        except Exception as exc:
+            _raise_mapped(exc)
+            raise
+        return await self.run_read(
+            lambda s: [dict(m) for m in s.execute(statement, dict(params)).mappings()])  # type: ignore[call-overload]
+
+    async def run_direct(self, fn: Callable[[Statements], T], *, one_write: bool = False) -> T:
         """`fn(statements)` as one transaction of prebuilt statements (`_direct.py`): on the SQLite
-        writer thread, or through the async engine (PostgreSQL, an in-memory database)."""
+        writer thread, on asyncpg's connection (PostgreSQL, `_fastpath_pg.py`), or through the
+        async engine (an in-memory database). `one_write`: where `Statements.combines_writes`, `fn`
+        writes with one statement, run on its own without a transaction around it."""
         try:
             if self._writer is not None:
                 return await self._writer.run_direct(fn)
+            if self._pg is not None:
+                return await self._pg.run(fn, PgDirect.ONE_WRITE if one_write else PgDirect.TRANSACTION)
             async with self._sessions() as s, s.begin():
                 return await s.run_sync(lambda sync: fn(CoreStatements(sync.connection())))
         except Exception as exc:

@@ -5,9 +5,10 @@ Core. Executed through a SQLAlchemy connection, each costs 60-100 us of Python a
 SQLite (compile-cache lookup, parameter and result processing, events, an ORM session around them):
 a transition took 240 us in process, 45 us on the driver (docs/performance.md, sixth pass). Here each
 statement is compiled once for SQLite, and then runs on the pysqlite connection with the same type
-conversions SQLAlchemy would apply (its own bind and result processors, looked up once). The same
-transaction function runs unchanged on PostgreSQL through `CoreStatements`, so each statement has
-one definition.
+conversions SQLAlchemy would apply (its own bind and result processors, looked up once). On
+PostgreSQL the same transaction function runs on the asyncpg connection (`PgStatements`), each
+statement compiled once for asyncpg; `CoreStatements` runs it through a SQLAlchemy connection where
+neither driver connection is at hand. Each statement has one definition.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from sqlalchemy import Connection, Table
+from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.schema import CallableColumnDefault, ScalarElementColumnDefault
+from sqlalchemy.util import await_only
 
 Row = dict[str, Any]
 
@@ -42,9 +46,18 @@ class Statements(Protocol):
         the driver's: one round trip on PostgreSQL, not one per row."""
         ...
 
+    @property
+    def combines_writes(self) -> bool:
+        """Whether the function should write with one statement where it can (PostgreSQL's
+        data-modifying CTEs): it runs outside a transaction then (`Database.run_direct`'s
+        `one_write`), so it must not write with a second one."""
+        ...
+
 
 class CoreStatements:
     """Through a SQLAlchemy connection: PostgreSQL, or SQLite where no direct connection is at hand."""
+
+    combines_writes = False
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -101,35 +114,60 @@ class _Compiled:
     columns: Sequence[tuple[str, Processor | None]]
 
 
-def _compile(statement: ClauseElement, keys: tuple[str, ...]) -> _Compiled:
-    compiled = cast(SQLCompiler, statement.compile(dialect=_DIALECT, column_keys=list(keys)))
+def _compile(statement: ClauseElement, keys: tuple[str, ...], dialect: Dialect = _DIALECT) -> _Compiled:
+    """`statement` for `dialect`; a positional dialect's binds in the order its placeholders number them."""
+    compiled = cast(SQLCompiler, statement.compile(dialect=dialect, column_keys=list(keys)))
     if getattr(compiled, "insert_prefetch", None) or getattr(compiled, "update_prefetch", None):
         # A column default computed in Python would be silently left out here: pass every value.
         raise ValueError(f"statement needs Python-side column defaults; give them: {compiled}")
     if getattr(compiled, "escaped_bind_names", None) or "POSTCOMPILE" in compiled.string:
         raise ValueError(f"statement needs per-execution rendering (IN lists, odd bind names): {compiled}")
-    binds = [(name, bp.type.dialect_impl(_DIALECT).bind_processor(_DIALECT)) for name, bp in compiled.binds.items()]
+    names = list(compiled.positiontup or ()) if dialect.positional else list(compiled.binds)
+    binds = [(name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)) for name in names]
     exported = getattr(statement, "exported_columns", None) or ()
-    columns = [(col.key, col.type.dialect_impl(_DIALECT).result_processor(_DIALECT, None)) for col in exported]
+    columns = [(col.key, col.type.dialect_impl(dialect).result_processor(dialect, None)) for col in exported]
     defaults = {name: bp.value for name, bp in compiled.binds.items() if not bp.required}
     return _Compiled(compiled.string, defaults, binds, columns)
 
 
-class SqliteStatements:
-    """On a pysqlite connection inside a transaction its owner began; compiled forms are cached on
-    the class (statements are module-level, built once)."""
+def _bound(compiled: _Compiled, params: Mapping[str, Any]) -> list[Any]:
+    """The values of `compiled`'s binds in its order, each through its type's bind processor."""
+    values: list[Any] = []
+    for name, process in compiled.binds:
+        value = params[name] if name in params else compiled.defaults[name]  # KeyError: a value missing
+        values.append(process(value) if process is not None and value is not None else value)
+    return values
 
-    _cache: dict[tuple[int, tuple[str, ...]], tuple[ClauseElement, _Compiled]] = {}
+
+def _row(compiled: _Compiled, raw_row: Sequence[Any]) -> Row:
+    return {key: (process(value) if process is not None else value)
+            for (key, process), value in zip(compiled.columns, raw_row, strict=True)}
+
+
+class _CompiledCache:
+    """Compiled forms per statement object and set of keys. Statements are module-level, built once;
+    each entry keeps its statement, so the id it is found by stays that statement's."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self._entries: dict[tuple[int, tuple[str, ...]], tuple[ClauseElement, _Compiled]] = {}
+
+    def get(self, statement: ClauseElement, keys: tuple[str, ...]) -> _Compiled:
+        entry = self._entries.get((id(statement), keys))
+        if entry is None or entry[0] is not statement:
+            entry = (statement, _compile(statement, keys, self.dialect))
+            self._entries[(id(statement), keys)] = entry
+        return entry[1]
+
+
+class SqliteStatements:
+    """On a pysqlite connection inside a transaction its owner began."""
+
+    _cache = _CompiledCache(_DIALECT)
+    combines_writes = False
 
     def __init__(self, raw: sqlite3.Connection) -> None:
         self._raw = raw
-
-    def _compiled(self, statement: ClauseElement, keys: tuple[str, ...]) -> _Compiled:
-        entry = self._cache.get((id(statement), keys))
-        if entry is None or entry[0] is not statement:
-            entry = (statement, _compile(statement, keys))
-            self._cache[(id(statement), keys)] = entry  # the statement is kept: its id stays its own
-        return entry[1]
 
     @staticmethod
     def _values(compiled: _Compiled, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,16 +178,12 @@ class SqliteStatements:
         return values
 
     def _execute(self, statement: ClauseElement, params: Mapping[str, Any]) -> tuple[sqlite3.Cursor, _Compiled]:
-        compiled = self._compiled(statement, tuple(sorted(params)))
+        compiled = self._cache.get(statement, tuple(sorted(params)))
         return self._raw.execute(compiled.sql, self._values(compiled, params)), compiled
 
     def rows(self, statement: ClauseElement, params: Mapping[str, Any]) -> list[Row]:
         cursor, compiled = self._execute(statement, params)
-        out = []
-        for raw_row in cursor.fetchall():
-            out.append({key: (process(value) if process is not None else value)
-                        for (key, process), value in zip(compiled.columns, raw_row, strict=True)})
-        return out
+        return [_row(compiled, raw_row) for raw_row in cursor.fetchall()]
 
     def run(self, statement: ClauseElement, params: Mapping[str, Any]) -> None:
         self._execute(statement, params)[0].close()
@@ -157,5 +191,34 @@ class SqliteStatements:
     def run_many(self, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
         if not rows:
             return
-        compiled = self._compiled(statement, _same_keys(rows))
+        compiled = self._cache.get(statement, _same_keys(rows))
         self._raw.executemany(compiled.sql, [self._values(compiled, row) for row in rows]).close()
+
+
+class PgStatements:
+    """On an asyncpg connection, from code running in a greenlet of SQLAlchemy's (`greenlet_spawn`):
+    each statement waits for its result there, as SQLAlchemy's own asyncpg adapter does, without
+    the compile-cache lookup, ORM session, events and parameter handling around it (a pause's
+    transaction on PostgreSQL: docs/performance.md, thirty-first pass). asyncpg prepares each SQL
+    text once per connection (its statement cache), so a statement is one round trip after that."""
+
+    _cache = _CompiledCache(PGDialect_asyncpg())  # type: ignore[no-untyped-call]
+
+    def __init__(self, raw: Any, *, combines_writes: bool = False) -> None:  # an asyncpg.Connection
+        self._raw = raw
+        self.combines_writes = combines_writes
+
+    def rows(self, statement: ClauseElement, params: Mapping[str, Any]) -> list[Row]:
+        compiled = self._cache.get(statement, tuple(sorted(params)))
+        records = await_only(self._raw.fetch(compiled.sql, *_bound(compiled, params)))
+        return [_row(compiled, record) for record in records]
+
+    def run(self, statement: ClauseElement, params: Mapping[str, Any]) -> None:
+        compiled = self._cache.get(statement, tuple(sorted(params)))
+        await_only(self._raw.execute(compiled.sql, *_bound(compiled, params)))
+
+    def run_many(self, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        compiled = self._cache.get(statement, _same_keys(rows))
+        await_only(self._raw.executemany(compiled.sql, [_bound(compiled, row) for row in rows]))

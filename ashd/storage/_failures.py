@@ -68,6 +68,11 @@ def _unreachable(exc: BaseException) -> str | None:
     return None
 
 
+def is_disconnect(exc: BaseException) -> bool:
+    """Whether `exc` says the database connection is gone or the database unreachable."""
+    return _unreachable(exc) is not None
+
+
 def storage_failure(exc: BaseException, *, database: bool = False) -> StorageError | None:
     """The ApiError-ready error for `exc` when it is a full disk (507), or, for failures raised by
     the database (`database=True`), an unreachable database (503); None otherwise."""

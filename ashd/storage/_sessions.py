@@ -24,6 +24,7 @@ from sqlalchemy import (
     delete,
     exists,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -102,6 +103,23 @@ def _transition_update(columns: tuple[str, ...], fenced: bool, agent_checked: bo
         stored_bytes=c.stored_bytes + bindparam("_size"),
         **{name: bindparam(f"_v_{name}", type_=c[name].type) for name in columns},
     ).returning(*c)
+
+
+@functools.lru_cache(maxsize=64)
+def _transition_with_event(columns: tuple[str, ...], fenced: bool, agent_checked: bool = False) -> Select[Any]:
+    """The transition's UPDATE and its event's INSERT as one statement (PostgreSQL's data-modifying
+    CTE): atomic by itself, so it runs without BEGIN and COMMIT, two round trips of four fewer. The
+    event goes in only if the row changed, numbered from the row's new `next_event_seq`; the
+    statement returns the row as the UPDATE does."""
+    changed = _transition_update(columns, fenced, agent_checked).cte("changed")
+    e = _EVENTS.c
+    event = insert(_EVENTS).from_select(
+        [e.id, e.session_id, e.tenant_id, e.type, e.data, e.sequence, e.created_at],
+        select(bindparam("_event_id", type_=e.id.type), changed.c.id, changed.c.tenant_id, literal("lifecycle"),
+               bindparam("_data", type_=e.data.type), changed.c.next_event_seq,
+               bindparam("_event_at", type_=e.created_at.type)),
+    ).cte("event")
+    return select(changed).add_cte(event)
 
 
 @functools.lru_cache(maxsize=2)
@@ -288,7 +306,7 @@ class Sessions:
         of a lookup of its own before it).
         """
         return await self.db.run_direct(self._transition_tx(session_id, tenant, status, action, extra, fence, agent,
-                                                            values))
+                                                            values), one_write=True)
 
     def transition_soon(self, session_id: str, tenant: str, status: str, action: str, *,
                         extra: dict[str, Any] | None = None, fence: str | None = None, agent: str | None = None,
@@ -296,7 +314,7 @@ class Sessions:
         """`transition`, from an actor's thread: on SQLite run there and then (a resolved future: no
         crossing to another thread and back), else the coroutine to await on the loop."""
         tx = self._transition_tx(session_id, tenant, status, action, extra, fence, agent, values)
-        return self.db.direct_here(tx) or self.db.run_direct(tx)
+        return self.db.direct_here(tx) or self.db.run_direct(tx, one_write=True)
 
     def _transition_tx(self, session_id: str, tenant: str, status: str, action: str, extra: dict[str, Any] | None,
                        fence: str | None, agent: str | None,
@@ -306,7 +324,8 @@ class Sessions:
         if self.owner_id and values.get("sandbox_id"):
             values["owner_id"] = self.owner_id  # this process claimed a sandbox for it: its sweep's now
 
-        statement = _transition_update(tuple(sorted(values)), fence is not None, agent is not None)
+        key = (tuple(sorted(values)), fence is not None, agent is not None)
+        statement = _transition_update(*key)
         params = {"_id": session_id, "_fence": fence, "_status": status, "_now": now, "_size": _size(data),
                   **{f"_v_{name}": value for name, value in values.items()}}
         if fence is None:
@@ -315,7 +334,12 @@ class Sessions:
             params.update(_tenant=tenant, _agent=agent)
 
         def run(x: Statements) -> Session:
-            updated = x.rows(statement, params)
+            event_id = new_id()
+            if x.combines_writes:
+                updated = x.rows(_transition_with_event(*key), {**params, "_event_id": event_id, "_data": data,
+                                                                "_event_at": now})
+            else:
+                updated = x.rows(statement, params)
             if not updated:  # why not, in the order a caller should hear it
                 if agent is not None and not x.rows(_AGENT_EXISTS, {"_tenant": tenant, "_agent": agent}):
                     raise NotFound(f"Agent {agent} not found")
@@ -324,9 +348,10 @@ class Sessions:
                     raise NotFound(f"Session {session_id} not found")
                 raise SessionHeldElsewhere(f"Session {session_id} now runs on runner {holder[0]['runner_id']}; "
                                            "this runner's copy of it is stale and was let go")
-            x.run(_INSERT_EVENT, {"id": new_id(), "session_id": session_id, "tenant_id": tenant,
-                                  "type": "lifecycle", "data": data, "sequence": updated[0]["next_event_seq"],
-                                  "created_at": now})
+            if not x.combines_writes:
+                x.run(_INSERT_EVENT, {"id": event_id, "session_id": session_id, "tenant_id": tenant,
+                                      "type": "lifecycle", "data": data, "sequence": updated[0]["next_event_seq"],
+                                      "created_at": now})
             return from_row(Session, updated[0])
 
         return run

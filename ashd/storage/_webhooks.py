@@ -19,7 +19,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, delete, func, select, update
+from sqlalchemy import bindparam, case, delete, func, select, update
 
 from ashd.errors import Conflict, NotFound
 from ashd.storage._crypto import Cipher
@@ -56,6 +56,13 @@ class ClaimedDelivery:
     secret: str
     body: str
     attempt: int  # 1 for the first
+
+
+# The hooks that may hear an event: each one's id, events and since when it listens.
+_HOOKS = select(Webhook.id, Webhook.events,
+                func.coalesce(Webhook.listening_since, Webhook.created_at).label("since"))
+_ENABLED_HOOKS = _HOOKS.where(Webhook.tenant_id == bindparam("tenant"), Webhook.enabled.is_(True))
+_ONE_HOOK = _HOOKS.where(Webhook.tenant_id == bindparam("tenant"), Webhook.id == bindparam("id"))
 
 
 class Webhooks:
@@ -150,20 +157,20 @@ class Webhooks:
         # hook: answered from memory before anything is built (a query costs more than the rest).
         if webhook_id is None and (tenant, event) in self._unheard:
             return []
-        query = select(Webhook.id, Webhook.events, func.coalesce(Webhook.listening_since, Webhook.created_at)
-                       ).where(Webhook.tenant_id == tenant)
-        query = query.where(Webhook.id == webhook_id) if webhook_id else query.where(Webhook.enabled.is_(True))
+        query, params = (_ONE_HOOK, {"tenant": tenant, "id": webhook_id}) if webhook_id else \
+            (_ENABLED_HOOKS, {"tenant": tenant})
         # A read answers the rest without taking SQLite's write lock, which the next transition (a
-        # resume right after a pause) would otherwise wait for. A hook added after the event is left
-        # out below (`occurred_at`); whether there is one at all is decided on every hook.
+        # resume right after a pause) would otherwise wait for; on PostgreSQL, one statement on the
+        # driver (`Database.read_rows`), not an ORM session around it. A hook added after the event
+        # is left out below (`occurred_at`); whether there is one at all is decided on every hook.
         generation = self._generation
-        listening = await self._db.run_read(lambda s: s.execute(query).all())
-        if not any(webhook_id or event in json.loads(events) for _, events, _ in listening):
+        listening = await self._db.read_rows(query, params)
+        if not any(webhook_id or event in json.loads(row["events"]) for row in listening):
             if webhook_id is None and self._cacheable and generation == self._generation:
                 self._unheard.add((tenant, event))
             return []
         async with self._db.tx() as s:
-            hooks = [hid for hid, events, since in (await s.execute(query)).all()
+            hooks = [hid for hid, events, since in (await s.execute(query, params)).all()
                      if webhook_id or (event in json.loads(events)
                                        and (occurred_at is None or since <= occurred_at))]
             now = utcnow()
