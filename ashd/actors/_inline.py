@@ -12,8 +12,9 @@ requests one order.
 
 Only what the actor declares safe runs this way (`StagedActor._inline_ok`): requests whose steps
 on the caller's thread neither block nor wait for another actor. Loop work they yield is piped as
-usual and its outcome goes to the actor's thread; `ON_ACTOR_THREAD` moves the rest of a handler
-there (a path that turns out to need the pool, say). A handler already running on the actor's
+usual, and its outcome goes on on the loop under the same conditions (the actor still idle), else
+to the actor's thread; `ON_ACTOR_THREAD` moves the rest of a handler there (a path that turns out
+to need the pool, say). A handler already running on the actor's
 thread may also go on on the loop after a stage's loop work, under the same turn and the same
 conditions (`_staged.OnLoop.then_here`).
 """

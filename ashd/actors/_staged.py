@@ -53,6 +53,7 @@ class OnLoop:
     on the loop's thread, holding the actor's turn, instead of on the actor's: two crossings fewer
     for a handler whose next steps neither block nor ask another actor (a create's transition after
     the bridge's `init`). Otherwise, or on an error, the outcome goes to the actor's thread as usual.
+    A bare coroutine yielded by a handler already running on the loop is taken as `then_here`.
     """
 
     coro: Coroutine[Any, Any, Any]
@@ -201,7 +202,11 @@ class StagedActor(AioActor):
             work.add_done_callback(functools.partial(_tell_done, self.actor_ref, self._stage))
             return
         coro, timeout = (work.coro, work.timeout) if isinstance(work, OnLoop) else (work, self.stage_timeout)
-        here = functools.partial(self._go_on_here, self._stage) if isinstance(work, OnLoop) and work.then_here else None
+        # A handler running on the loop (`_inline.py`) goes on there after its loop work, as it would
+        # have had that work been done there at once (a transaction on PostgreSQL is awaited where one
+        # on SQLite runs in place): the same steps on the same thread, two crossings fewer.
+        then_here = work.then_here if isinstance(work, OnLoop) else self._inline
+        here = functools.partial(self._go_on_here, self._stage) if then_here else None
         pipe_to_actor(self._loop, coro, timeout, self.actor_ref, functools.partial(_StageDone, self._stage), here)
 
     def _go_on_here(self, stage: int, result: Any) -> bool:
