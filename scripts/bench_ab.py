@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_ab.py A_DIR B_DIR [--n 160] [--block 10]
     .venv/bin/python scripts/bench_ab.py A_DIR B_DIR --no-spare [--n 40] [--block 5]
+    .venv/bin/python scripts/bench_ab.py A_DIR B_DIR --postgres postgresql://postgres@127.0.0.1:5432/test
 
 A_DIR and B_DIR are checkouts (a `git worktree add /tmp/a <commit>` each): each server imports
 ashd from its own (PYTHONPATH, from a working directory outside both), with this venv's
@@ -40,6 +41,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sessions
 from bench_sessions import (
     TABLE,
     Client,
@@ -111,7 +113,10 @@ async def main() -> None:
     parser.add_argument("--n", type=int, default=160, help="rounds on each")
     parser.add_argument("--block", type=int, default=10, help="rounds on one server before the other's")
     parser.add_argument("--no-spare", action="store_true", help="the rows where a create starts its sandbox")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="both servers store in PostgreSQL, each in a fresh database on this server")
     args = parser.parse_args()
+    bench_sessions.POSTGRES = args.postgres
     paths = [args.a.resolve(), args.b.resolve()]
     for path in paths:
         if not (path / "ashd" / "__init__.py").is_file():

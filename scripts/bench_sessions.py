@@ -12,6 +12,7 @@ loopback, the server as a separate process, and stops by itself.
 
     .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8] [--stalled 32]
     .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--n 30]
+    .venv/bin/python scripts/bench_sessions.py --postgres postgresql://postgres@127.0.0.1:5432/test
 
 `--compare` runs the table's rows against another server of this interface in the same run,
 interleaved operation by operation with ashd (so both see the same machine load), and prints both
@@ -85,9 +86,41 @@ async def fake_model() -> AsyncIterator[str]:
         proc.wait(10)
 
 
+# `--postgres URL`: each server of the run gets a database of its own on that PostgreSQL server,
+# made here and dropped after it (a database that held another server's rows has its API keys).
+POSTGRES: str | None = None
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(admin_url: str) -> AsyncIterator[str]:
+    import asyncpg
+
+    name = f"ashd_bench_{os.getpid()}_{time.monotonic_ns()}"
+    base = admin_url.replace("postgresql+asyncpg://", "postgresql://").rsplit("/", 1)[0]
+    admin = await asyncpg.connect(admin_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield f"{base}/{name}"
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
 @contextlib.asynccontextmanager
 async def ashd_server(model_url: str, prewarm: int,
                       extra_env: dict[str, str] | None = None) -> AsyncIterator[tuple[str, str, psutil.Process]]:
+    async with contextlib.AsyncExitStack() as stack:
+        if POSTGRES and "SERVICE_DATABASE_URL" not in (extra_env or {}):
+            extra_env = {**(extra_env or {}), "SERVICE_DATABASE_URL": await stack.enter_async_context(
+                fresh_database(POSTGRES))}
+        async with _ashd_server(model_url, prewarm, extra_env) as server:
+            yield server
+
+
+@contextlib.asynccontextmanager
+async def _ashd_server(model_url: str, prewarm: int,
+                       extra_env: dict[str, str] | None) -> AsyncIterator[tuple[str, str, psutil.Process]]:
     data = Path(tempfile.mkdtemp(prefix="ashd-bench-", dir="/tmp"))
     port = free_port()
     env = {**os.environ, "SERVICE_DATA_DIR": str(data / "d"), "SERVICE_PORT": str(port),
@@ -299,7 +332,12 @@ async def main() -> None:
     parser.add_argument("--compare", nargs=2, metavar=("URL", "KEY"),
                         help="also run the table's rows against this server, interleaved")
     parser.add_argument("--compare-agent", default="bench", help="an agent deployed on the --compare server")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="store in PostgreSQL: a fresh database per server on the server URL names "
+                             "(e.g. postgresql://postgres@127.0.0.1:5432/test), instead of SQLite")
     args = parser.parse_args()
+    global POSTGRES
+    POSTGRES = args.postgres
     if args.compare:
         await compare(args)
         return
