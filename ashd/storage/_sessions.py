@@ -46,7 +46,8 @@ _AGENTS = cast(Table, Agent.__table__)
 _MESSAGES = cast(Table, Message.__table__)
 # Reads built once, run with their values bound.
 _GET = select(Session).where(Session.id == bindparam("id"), Session.tenant_id == bindparam("tenant"))
-_GET_ANY = select(Session).where(Session.id == bindparam("id"))
+_ROW_ANY = select(_SESSIONS).where(_SESSIONS.c.id == bindparam("id"))
+_ROW = _ROW_ANY.where(_SESSIONS.c.tenant_id == bindparam("tenant"))
 _MESSAGE_CONTENTS = (select(Message.content).where(Message.session_id == bindparam("id"))
                      .order_by(Message.sequence))
 _MESSAGES_AFTER = (select(Message.id, Message.session_id, Message.tenant_id, Message.role, Message.content,
@@ -156,6 +157,15 @@ _USER_MESSAGE_UPDATE: Update = update(_SESSIONS).where(_SESSIONS.c.id == bindpar
     message_count=_SESSIONS.c.message_count + 1, stored_bytes=_SESSIONS.c.stored_bytes + bindparam("_size"),
     next_event_seq=_SESSIONS.c.next_event_seq + bindparam("_events"),
 ).returning(_SESSIONS.c.next_message_seq, _SESSIONS.c.next_event_seq)
+
+_counted = _USER_MESSAGE_UPDATE.cte("counted")
+# The same and the message's INSERT as one statement, for PostgreSQL (`_transition_with_event`).
+_USER_MESSAGE_WITH_INSERT: Select[Any] = select(_counted).add_cte(insert(_MESSAGES).from_select(
+    ["id", "session_id", "tenant_id", "role", "content", "sequence", "created_at"],
+    select(bindparam("_message_id", type_=_MESSAGES.c.id.type), bindparam("_id", type_=_MESSAGES.c.session_id.type),
+           bindparam("_tenant", type_=_MESSAGES.c.tenant_id.type), literal("user"),
+           bindparam("_body", type_=_MESSAGES.c.content.type), _counted.c.next_message_seq,
+           bindparam("_created_at", type_=_MESSAGES.c.created_at.type))).cte("stored"))
 
 
 class SessionHeldElsewhere(Conflict):
@@ -276,11 +286,17 @@ class Sessions:
 
     # Reads run in one trip to a reader thread (`Database.run_read`), not a trip per statement as
     # through aiosqlite: GET .../messages 3.3 -> 1.6 ms (docs/performance.md, fifteenth pass).
+    # One prebuilt statement (`Database.read_rows`): on PostgreSQL, where a coordinator reads the
+    # row on every request for a session, one round trip on the driver rather than an ORM session.
     async def get(self, tenant: str, session_id: str) -> Session:
-        return await self.db.run_read(lambda s: _tenant_session(s, tenant, session_id))
+        rows = await self.db.read_rows(_ROW, {"id": session_id, "tenant": tenant})
+        if not rows:
+            raise NotFound(f"Session {session_id} not found")
+        return from_row(Session, rows[0])
 
     async def get_any(self, session_id: str) -> Session | None:
-        return await self.db.run_read(lambda s: s.execute(_GET_ANY, {"id": session_id}).scalar_one_or_none())
+        rows = await self.db.read_rows(_ROW_ANY, {"id": session_id})
+        return from_row(Session, rows[0]) if rows else None
 
     async def list(self, tenant: str, agent: str | None, limit: int = 1000) -> list[Session]:
         query = select(Session).where(Session.tenant_id == tenant)
@@ -417,7 +433,7 @@ class Sessions:
         path, shownToModel}`) are recorded in it, and the attachment rows not yet linked to a message
         are linked to this one."""
         tx = self._user_message_tx(session_id, tenant, content, attachments, 0)
-        return await self.db.run_direct(lambda x: tx(x)[0])
+        return await self.db.run_direct(lambda x: tx(x)[0], one_write=not attachments)
 
     def begin_turn_soon(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
                         events: int, before: Callable[[], None] | None = None,
@@ -428,7 +444,7 @@ class Sessions:
         `before` is called first thing in the transaction where it runs at once on this thread
         (`Database.direct_here`), and not at all where it does not."""
         tx = self._user_message_tx(session_id, tenant, content, attachments, events)
-        return self.db.direct_here(tx, before) or self.db.run_direct(tx)
+        return self.db.direct_here(tx, before) or self.db.run_direct(tx, one_write=not attachments)
 
     def _user_message_tx(self, session_id: str, tenant: str, content: Any, attachments: Sequence[dict[str, Any]],
                          events: int) -> Callable[[Statements], tuple[int, int]]:
@@ -442,13 +458,17 @@ class Sessions:
         def run(x: Statements) -> tuple[int, int]:
             # Prebuilt statements, the sequence allocated by the same UPDATE that counts the message:
             # on the path of every message (`_direct.py`).
-            rows = x.rows(_USER_MESSAGE_UPDATE, {"_id": session_id, "_now": now, "_size": _size(body),
-                                                 "_events": events})
+            counting = {"_id": session_id, "_now": now, "_size": _size(body), "_events": events}
+            one = x.combines_writes and not attachments
+            rows = x.rows(_USER_MESSAGE_WITH_INSERT, {**counting, "_message_id": message_id, "_tenant": tenant,
+                                                      "_body": body, "_created_at": now}) if one else \
+                x.rows(_USER_MESSAGE_UPDATE, counting)
             if not rows:
                 raise NotFound(f"Session {session_id} not found")
             seq, last_event = int(rows[0]["next_message_seq"]), int(rows[0]["next_event_seq"])
-            x.run(_INSERT_MESSAGE, {"id": message_id, "session_id": session_id, "tenant_id": tenant,
-                                    "role": "user", "content": body, "sequence": seq, "created_at": now})
+            if not one:
+                x.run(_INSERT_MESSAGE, {"id": message_id, "session_id": session_id, "tenant_id": tenant,
+                                        "role": "user", "content": body, "sequence": seq, "created_at": now})
             for attachment in attachments:
                 x.run(_LINK_ATTACHMENT, {"_id": attachment["id"], "_session": session_id, "_message": message_id})
             return seq, last_event - events + 1

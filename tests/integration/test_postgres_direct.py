@@ -18,7 +18,7 @@ from ashd.errors import DatabaseUnavailable, NotFound
 from ashd.storage import Database, Session, SessionEvent
 from ashd.storage import _engine as engine_module
 from ashd.storage._direct import Statements
-from ashd.storage._models import Agent
+from ashd.storage._models import Agent, Message
 from ashd.storage._sessions import _INSERT_EVENT, Sessions
 from tests.fixtures.databases import fresh_postgres
 
@@ -45,14 +45,18 @@ async def _seeded(db: Database) -> Session:
 
 
 async def _drop_connections(pg_url: str) -> int:
-    """Terminate every other backend of the test's database, as a restart of the server would."""
+    """Terminate every other backend of the test's database, as a restart of the server would, and
+    wait until each is gone; then let this loop read their goodbyes, as it would during a restart
+    (which takes longer than a loop iteration)."""
     conn = await asyncpg.connect(pg_url)
     try:
-        return int(await conn.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        dropped = int(await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
     finally:
         await conn.close()
+    await asyncio.sleep(0.1)
+    return dropped
 
 
 async def _events(db: Database, session_id: str) -> list[dict[str, Any]]:
@@ -179,3 +183,23 @@ async def test_the_direct_path_answers_the_rows_an_orm_read_finds(db: Database) 
     assert changed.updated_at.tzinfo is not None
     rows = await db.read_rows(select(Session.id, Session.updated_at).where(Session.id == row.id), {})
     assert rows == [{"id": row.id, "updated_at": stored.updated_at}]
+
+
+async def test_a_one_statement_write_whose_insert_fails_changes_nothing(db: Database) -> None:
+    """A transition and a prompt are one statement each on PostgreSQL (an UPDATE and an INSERT in
+    one CTE, run without a transaction around it): when the INSERT is refused, so is the UPDATE."""
+    row = await _seeded(db)
+    sessions = Sessions(db)
+    taken = {"session_id": row.id, "tenant_id": "t", "created_at": row.created_at}
+    async with db.tx() as s:  # the sequences the next event and the next message would get
+        s.add(SessionEvent(id="held-e", type="lifecycle", data="{}", sequence=row.next_event_seq + 1, **taken))
+        s.add(Message(id="held-m", role="user", content="{}", sequence=row.next_message_seq + 1, **taken))
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await sessions.transition(row.id, "t", "paused", "paused")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await sessions.add_user_message(row.id, "t", "hi")
+    after = await sessions.get("t", row.id)
+    assert (after.status, after.next_event_seq, after.event_count) == ("active", row.next_event_seq, row.event_count)
+    assert (after.next_message_seq, after.message_count, after.turn_open) == (
+        row.next_message_seq, row.message_count, row.turn_open)
+    assert after.stored_bytes == row.stored_bytes
