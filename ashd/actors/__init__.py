@@ -11,7 +11,7 @@ from ashd.actors._pool_types import SandboxHandle, SandboxLost
 from ashd.actors._queue import QueueActor, QueueConfig, QueueService, RunItem
 from ashd.actors._runners import LOCAL_POOL_STAT, RunnerInfo, RunnerRegistryActor, choose
 from ashd.actors._session import SessionActor
-from ashd.actors._session_deps import CreateRequest, SendQuery, SessionDeps, TurnTicket
+from ashd.actors._session_deps import CreateRequest, SendQuery, SentQuery, SessionDeps, TurnTicket
 from ashd.actors._session_logs import LogTails, SetupSink
 from ashd.actors._sessions import SessionRegistry
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
@@ -44,6 +44,7 @@ __all__ = [
     "SandboxHandle",
     "SandboxLost",
     "SendQuery",
+    "SentQuery",
     "SessionActor",
     "SessionDeps",
     "SessionRegistry",

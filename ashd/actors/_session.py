@@ -18,13 +18,13 @@ import errno
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ashd.actors._aio import Later, spawn_on_loop
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
-from ashd.actors._session_deps import CreateRequest, SendQuery, SessionDeps, TurnTicket
+from ashd.actors._session_deps import CreateRequest, SendQuery, SentQuery, SessionDeps, TurnTicket
 from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
 from ashd.actors._turn import EVENT_BLOCK
 from ashd.errors import (
@@ -58,6 +58,12 @@ INLINE_WALK_ENTRIES = 128
 _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 # A new session's row being inserted (see `SessionActor.create`).
 Inserted = concurrent.futures.Future[Session]
+
+
+async def _withdrawn(sent: SentQuery) -> None:
+    """The query withdrawn on the loop, whichever thread the failed write's outcome came to: the
+    model proxy's turn is the loop's."""
+    await sent.withdraw()
 
 
 def _seen(future: asyncio.Future[Any]) -> None:
@@ -528,41 +534,53 @@ class SessionActor(StagedActor):
         ticket = TurnTicket(self.session_id, self.tenant, row.agent_name, self.handle.sandbox_id,
                             "q-" + uuid.uuid4().hex[:12], self.conn, model or row.model, time.monotonic(),
                             meter=meter, live_config=live_config)
-        withdraw: Callable[[], Coroutine[Any, Any, None]] | None = None
+        sent: SentQuery | None = None
         # The sandbox's CPU counter at the turn's start, read once the query is on its way where it
-        # goes with the prompt's transaction: a cold read of the cgroup file took 0.05-0.07 ms of the
-        # path to the bridge, and the bridge has not woken by then (its wake-up alone takes longer;
-        # the turn's CPU is counted in ms). Elsewhere the query is sent after this step, which reads it last.
+        # goes with the prompt's write: a cold read of the cgroup file took 0.05-0.07 ms of the path to
+        # the bridge, and the bridge has not woken by then (its wake-up alone takes longer; the turn's
+        # CPU is counted in ms). Elsewhere the query is sent after this step, which reads it last.
         cpu: list[float | None] = []
 
         def read_cpu() -> None:
             cpu.append(meter.cpu_seconds() if meter else None)
 
-        def send_first() -> None:
-            nonlocal withdraw
+        def send_first(held: bool = False) -> None:
+            nonlocal sent
             assert send_query is not None
-            withdraw = send_query(ticket)
+            sent = send_query(ticket, held)
             read_cpu()
 
-        # The query goes first where the prompt's transaction runs here on the loop, where the bridge
-        # connection lives: nothing else runs on the loop until it committed or failed, so no model
-        # call is admitted before the prompt is stored, and a failure withdraws the query first.
+        # The query goes first where the prompt's write starts here on the loop, where the bridge
+        # connection lives, and the bridge works on it while the write commits. Where the write runs
+        # here at once (SQLite's, the query sent inside its transaction), nothing else runs on the loop
+        # until it committed or failed, so no model call is admitted before the prompt is stored. Where
+        # it is awaited instead (PostgreSQL's; SQLite's on the writer's thread while another writer
+        # holds the database), the query goes `held`: the model proxy forwards none of the turn's calls
+        # until the prompt is stored (`admit`). A failure withdraws the query first either way.
         here = send_query is not None and _on_loop(self.deps.loop)
+        storing = self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content, attachments, EVENT_BLOCK,
+                                                     before=send_first if here else None)
+        if here and sent is None and not (isinstance(storing, concurrent.futures.Future) and storing.done()):
+            send_first(held=True)
         try:
-            _, first_event = yield self.deps.sessions.begin_turn_soon(
-                self.session_id, self.tenant, content, attachments, EVENT_BLOCK, before=send_first if here else None)
+            _, first_event = yield storing
         except Exception:
             if self._live_changes is None:  # the next turn takes them
                 self._live_changes = live_config
             if self._execs == 0:  # no turn holds the sandbox
                 self._let_sandbox_wait()
-            if withdraw is not None:
-                yield withdraw()  # the engine leaves the query out of its conversation
+            if sent is not None:
+                yield _withdrawn(sent)  # the engine leaves the query out of its conversation
             raise
-        if not cpu:  # no query sent with the transaction (it went to the writer's thread, or not here)
+        if sent is not None:  # held: the model proxy forwards its calls from now on
+            if _on_loop(self.deps.loop):
+                sent.admit()
+            else:  # after SQLite's writer thread, the rest of this runs on this actor's
+                self.deps.loop.call_soon_threadsafe(sent.admit)
+        if not cpu:  # no query sent with the prompt's write (not started here on the loop)
             read_cpu()
         self._turn_since_row = True  # the user message moved lastActiveAt: a view reads the row again
-        self.turn = dataclasses.replace(ticket, first_event=first_event, sent=withdraw is not None,
+        self.turn = dataclasses.replace(ticket, first_event=first_event, sent=sent is not None,
                                         cpu_at_start=cpu[0])
         return self.turn
 

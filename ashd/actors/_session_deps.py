@@ -70,12 +70,24 @@ class CreateRequest:
     agent: Any = None  # the AgentView resolved when the request was checked; resolved again if None
 
 
+@dataclass(frozen=True)
+class SentQuery:
+    """A turn's query sent before its prompt was stored (`SendQuery`)."""
+
+    # Should the prompt's write fail: refuses the turn's model calls at once, and its coroutine tells
+    # the bridge to drop the query.
+    withdraw: Callable[[], Coroutine[Any, Any, None]]
+    # Where the query was sent `held`: the prompt is stored, the model proxy may forward its calls.
+    admit: Callable[[], None]
+
+
 # Sends a turn's query to the bridge at once, before its prompt is stored, on the loop's thread
-# inside the prompt's own transaction (`SessionActor.begin_turn`): the bridge works on it while the
-# transaction commits, and the model proxy admits the turn's calls. Gives what withdraws it, should
-# the transaction fail (it refuses the model calls at once, and its coroutine tells the bridge), or
-# None where the query was not sent (the turn sends it as usual).
-SendQuery = Callable[["TurnTicket"], Callable[[], Coroutine[Any, Any, None]] | None]
+# (`SessionActor.begin_turn`): the bridge works on it while the prompt's write commits. Inside that
+# write's own transaction on SQLite, where nothing else runs on the loop until it commits, the model
+# proxy admits the turn's calls at once; with `held` (True: the write is awaited, on PostgreSQL or
+# on SQLite's writer thread) it checks them as they come and forwards them only once `admit` is
+# called. None where the query was not sent (the turn sends it as usual).
+SendQuery = Callable[["TurnTicket", bool], SentQuery | None]
 
 
 @dataclass(frozen=True)

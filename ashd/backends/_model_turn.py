@@ -11,14 +11,21 @@ from ashd.storage import ModelCallRecord
 
 
 class ModelTurn:
-    def __init__(self, proxy: Any, ticket: TurnTicket, budget_usd: float | None, *, begun: bool = False) -> None:
-        """`begun`: another ModelTurn opened the turn already (`TurnDriver.send_query`)."""
+    def __init__(self, proxy: Any, ticket: TurnTicket, budget_usd: float | None, *, begun: bool = False,
+                 held: bool = False) -> None:
+        """`begun`: another ModelTurn opened the turn already (`TurnDriver.send_query`). `held`: the
+        turn's prompt is still being stored; its calls wait for `admit` (`ModelProxy.begin_turn`)."""
         self._proxy = proxy
         self._ticket = ticket
         self._summary: TurnSummary | None = None
         if proxy is not None and not begun:
             # Calls are allowed from now on, for the turn's model and within its maxBudgetUsd.
-            proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, budget_usd)
+            proxy.begin_turn(ticket.sandbox_id, ticket.query_id, ticket.model, budget_usd, held=held)
+
+    def admit(self) -> None:
+        """The held turn's prompt is stored: its calls go on."""
+        if self._proxy is not None:
+            self._proxy.admit_turn(self._ticket.sandbox_id, self._ticket.query_id)
 
     def end(self) -> TurnSummary:
         if self._summary is None:

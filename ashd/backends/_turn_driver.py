@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ashd import compact_json
-from ashd.actors import SendQuery, TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket
+from ashd.actors import SendQuery, SentQuery, TurnLimitReached, TurnLimits, TurnRecorder, TurnTicket
 from ashd.backends._model_turn import ModelTurn
 from ashd.backends._protocol import Message
 from ashd.errors import SandboxError, StorageError
@@ -49,18 +49,19 @@ class TurnDriver:
 
     def send_query(self, message: Message) -> SendQuery:
         """What sends a turn's query with its start (`SendQuery`): the model proxy admits the turn's
-        calls, and the query goes to the bridge, at once; `run` then only reads its frames."""
+        calls (or holds them, `held`), and the query goes to the bridge, at once; `run` then only
+        reads its frames."""
 
-        def send(ticket: TurnTicket) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        def send(ticket: TurnTicket, held: bool) -> SentQuery | None:
             if not ticket.connection.start_query(message.content, **self._query_fields(ticket, message)):
                 return None
-            model_turn = ModelTurn(self.model_proxy, ticket, message.max_budget_usd)
+            model_turn = ModelTurn(self.model_proxy, ticket, message.max_budget_usd, held=held)
 
             def withdraw() -> Coroutine[Any, Any, None]:
                 model_turn.end()  # no call is admitted from now on
                 return ticket.connection.withdraw(ticket.query_id)  # type: ignore[no-any-return]
 
-            return withdraw
+            return SentQuery(withdraw, model_turn.admit)
 
         return send
 

@@ -36,6 +36,9 @@ class TurnState:
     reserved: float = 0.0
     calls: int = 0
     model_ms: float = 0.0
+    # Set while the turn's prompt is still being stored (`ModelProxy.begin_turn(held=True)`): its
+    # calls wait for it before they are forwarded; it fails when the turn is withdrawn instead.
+    stored: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True)

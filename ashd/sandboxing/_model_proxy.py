@@ -60,6 +60,10 @@ PARSE_IN_THREAD_BYTES = 256 * 1024
 # broken (the Anthropic SDK's own default timeout: a long non-streaming reply may take minutes).
 UPSTREAM_CONNECT_TIMEOUT_S = 30.0
 UPSTREAM_READ_TIMEOUT_S = 600.0
+# How long a call of a held turn waits for its prompt to be stored (`begin_turn(held=True)`): the
+# session's actor admits or withdraws the turn once the prompt's write ends, which a stalled database
+# can make long; past this the call is refused rather than held.
+HELD_CALL_WAIT_S = 60.0
 _DROP_REQUEST = frozenset(
     {
         "host",
@@ -97,6 +101,16 @@ class _Bound:
         self.refusal_log = TokenBucket(REFUSAL_RECORDS_PER_MINUTE, REFUSAL_RECORDS_PER_MINUTE)
         self.suppressed = 0
         self.spend = SessionSpend()
+
+
+class _Withdrawn(Exception):
+    """The turn ended before its prompt was stored."""
+
+
+def _refuse_held(turn: TurnState) -> None:
+    if turn.stored is not None and not turn.stored.done():
+        turn.stored.set_exception(_Withdrawn())
+        turn.stored.exception()  # retrieved: no "never retrieved" warning when no call waited
 
 
 def _error(refusal: Refusal) -> web.Response:
@@ -141,17 +155,29 @@ class ModelProxy:
         else:
             self._keys[sandbox_id] = provider
 
-    def begin_turn(self, sandbox_id: str, query_id: str, model: str | None, budget_usd: float | None) -> None:
-        """A turn starts: calls are allowed, for its model (the model precedence) and within its budget."""
+    def begin_turn(self, sandbox_id: str, query_id: str, model: str | None, budget_usd: float | None, *,
+                   held: bool = False) -> None:
+        """A turn starts: calls are allowed, for its model (the model precedence) and within its budget.
+        `held`: its prompt is still being stored; its calls are checked as they come but forwarded only
+        once `admit_turn` says it is stored (none is, if the turn ends first)."""
         bound = self._bound.get(sandbox_id)
         if bound is not None:
-            bound.turn = TurnState(query_id, model or bound.binding.models.default, budget_usd)
+            stored = asyncio.get_running_loop().create_future() if held else None
+            bound.turn = TurnState(query_id, model or bound.binding.models.default, budget_usd, stored=stored)
+
+    def admit_turn(self, sandbox_id: str, query_id: str) -> None:
+        """The held turn's prompt is stored: its calls go on (`begin_turn`)."""
+        bound = self._bound.get(sandbox_id)
+        turn = bound.turn if bound is not None else None
+        if turn is not None and turn.query_id == query_id and turn.stored is not None and not turn.stored.done():
+            turn.stored.set_result(None)
 
     def end_turn(self, sandbox_id: str, query_id: str) -> TurnSummary:
         bound = self._bound.get(sandbox_id)
         if bound is None or bound.turn is None or bound.turn.query_id != query_id:
             return TurnSummary()
         turn, bound.turn = bound.turn, None
+        _refuse_held(turn)
         return TurnSummary(turn.calls, turn.model_ms, turn.spent)
 
     async def flush(self) -> None:
@@ -187,6 +213,9 @@ class ModelProxy:
     async def stop_for(self, sandbox_id: str) -> None:
         entry = self._sites.pop(sandbox_id, None)
         self._keys.pop(sandbox_id, None)
+        bound = self._bound.get(sandbox_id)
+        if bound is not None and bound.turn is not None:
+            _refuse_held(bound.turn)  # a call held for its prompt ends now, refused, not at the site's timeout
         if entry is not None:
             runner, path = entry
             await runner.cleanup()  # in-flight calls finish (or are cancelled) and record themselves
@@ -266,6 +295,9 @@ class ModelProxy:
             return self._refuse(bound, call, Refusal(
                 401, "authentication_error", "no_key",
                 "no API key for this session: set ANTHROPIC_API_KEY on the server or give the session a credential"))
+        refusal = await self._stored(sandbox_id, bound)
+        if refusal is not None:
+            return self._refuse(bound, call, refusal)
         if call.endpoint != "messages":
             return await self._forward(request, bound, call, parsed, key, 0.0)
         assert bound.turn is not None  # checked above
@@ -275,6 +307,22 @@ class ModelProxy:
         if isinstance(admitted, Refusal):
             return self._refuse(bound, call, admitted)
         return await self._forward(request, bound, call, parsed, key, admitted)
+
+    async def _stored(self, sandbox_id: str, bound: _Bound) -> Refusal | None:
+        """Wait, where the turn's prompt is still being stored (`begin_turn(held=True)`), until it is:
+        no call of a turn is forwarded before its prompt is stored. A refusal when the turn was
+        withdrawn or ended meanwhile, or the sandbox let go."""
+        turn = bound.turn
+        if turn is None or turn.stored is None:
+            return None
+        if not turn.stored.done():  # withdrawn meanwhile (it fails), or no word in time: refused below
+            with contextlib.suppress(_Withdrawn, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(turn.stored), HELD_CALL_WAIT_S)
+        stored = turn.stored.done() and turn.stored.exception() is None
+        if stored and bound.turn is turn and self._bound.get(sandbox_id) is bound:
+            return None
+        return Refusal(403, "permission_error", "no_turn",
+                       "model proxy: the turn's message could not be stored, so its model calls are refused")
 
     def _gate(self, bound: _Bound) -> Refusal | None:
         """A running turn, and room in the session's request rate."""

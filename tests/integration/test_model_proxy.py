@@ -650,3 +650,40 @@ def test_the_timeouts_towards_the_model_api_are_the_documented_ones() -> None:
     # default). Both are shortened in the tests above, which show what each one does; seeing the
     # real values would take minutes.
     assert (_model_proxy.UPSTREAM_CONNECT_TIMEOUT_S, _model_proxy.UPSTREAM_READ_TIMEOUT_S) == (30.0, 600.0)
+
+
+async def test_a_held_turns_calls_wait_for_its_prompt_and_go_on_once_it_is_stored(
+        proxied: Harness, fake_model: FakeModel) -> None:
+    """`begin_turn(held=True)`: the query went to the bridge while its prompt is being stored; the
+    turn's calls are checked as they come and forwarded only once `admit_turn` says it is stored."""
+    proxied.proxy.end_turn("sb1", "q-1")
+    proxied.proxy.begin_turn("sb1", "q-2", None, None, held=True)
+    waiting = asyncio.ensure_future(proxied.post(body("HELD-ADMITTED")))
+    refused = await proxied.post(body("HELD-ADMITTED", model="claude-opus-4"))  # checks before the hold
+    refusal(refused, 403, "permission_error", "model")
+    await asyncio.sleep(0.3)
+    assert not waiting.done() and not fake_model.requests_containing("HELD-ADMITTED")
+    proxied.proxy.admit_turn("sb1", "q-1")  # another turn's word changes nothing
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    proxied.proxy.admit_turn("sb1", "q-2")
+    assert (await waiting).status_code == 200
+    assert len(fake_model.requests_containing("HELD-ADMITTED")) == 1
+    assert (await proxied.post(body("HELD-ADMITTED"))).status_code == 200  # admitted from now on
+
+
+@pytest.mark.parametrize("how", ["withdrawn", "sandbox let go"])
+async def test_a_held_turns_calls_are_refused_when_its_prompt_is_not_stored(
+        proxied: Harness, fake_model: FakeModel, how: str) -> None:
+    proxied.proxy.end_turn("sb1", "q-1")
+    proxied.proxy.begin_turn("sb1", "q-2", None, None, held=True)
+    waiting = asyncio.ensure_future(proxied.post(body("HELD-REFUSED")))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    if how == "withdrawn":  # the prompt's write failed: the turn ends before it was admitted
+        assert proxied.proxy.end_turn("sb1", "q-2").calls == 0
+    else:
+        await asyncio.wait_for(proxied.proxy.stop_for("sb1"), 5)  # not held until the site's timeout
+    message = refusal(await asyncio.wait_for(waiting, 5), 403, "permission_error", "no_turn")
+    assert "could not be stored" in message
+    assert not fake_model.requests_containing("HELD-REFUSED")

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 from typing import Any
 
+import asyncpg
 import pytest
 
 from ashd.devtools.fake_model import FakeModel
@@ -138,10 +139,11 @@ async def test_compute_seconds_are_the_sandboxes_cpu_time_not_the_turns_wall_tim
 
 async def test_a_turn_whose_prompt_waits_for_the_database_still_counts_the_sandboxes_cpu(
         sapi: Api, fake_model: FakeModel) -> None:  # noqa: F811
-    """Another writer holds SQLite as the message arrives: the prompt's transaction goes to the
-    writer's thread, the query is sent after it (not with it), and the turn's start is still read
-    from the sandbox's CPU counter (a turn whose counter was never read counts its wall time). On
-    PostgreSQL the query never goes with the prompt's transaction: the same path, without a holder."""
+    """Another writer holds the database as the message arrives (SQLite's write lock; on PostgreSQL
+    the session's row): the prompt's write waits, on SQLite's writer thread or awaited on the loop.
+    The query goes to the bridge meanwhile, held: the model proxy forwards none of its calls until
+    the prompt is stored. The turn's start is still read from the sandbox's CPU counter (a turn
+    whose counter was never read counts its wall time)."""
     await deploy(sapi)
     sid = (await create(sapi))["id"]
     fake_model.script("wait-for-the-writer", [
@@ -149,9 +151,21 @@ async def test_a_turn_whose_prompt_waits_for_the_database_still_counts_the_sandb
         {"content": [{"type": "text", "text": "rested"}]},
     ])
     assert sapi.server.components is not None
-    path = sapi.server.components.db.sqlite_file
+    db = sapi.server.components.db
+    path = db.sqlite_file
     if path is None:
-        status, frames = await send(sapi, sid, "wait-for-the-writer")
+        url = db.engine.url.render_as_string(hide_password=False).replace("postgresql+asyncpg://", "postgresql://")
+        holder_conn = await asyncpg.connect(url)
+        try:
+            async with holder_conn.transaction():
+                await holder_conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", sid)
+                sending = asyncio.ensure_future(send(sapi, sid, "wait-for-the-writer"))
+                await asyncio.sleep(0.5)
+                assert not sending.done()  # the prompt waits for the row
+                assert not fake_model.requests_containing("wait-for-the-writer")  # and so does its model call
+        finally:
+            await holder_conn.close()
+        status, frames = await sending
         assert status == 200 and frames[-1].event == "done", frames
         status, body = await sapi.call("GET", "/api/usage/stats")
         assert status == 200 and 0 < body["stats"]["totalComputeSeconds"] < 1.5, body
