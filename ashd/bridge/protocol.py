@@ -235,12 +235,23 @@ class FrameWriter:
 
 
 def close_socket(sock: socket.socket, reader: FrameReader | None, writer: FrameWriter | None) -> None:
-    """Close a socket used by a reader/writer pair, after cancelling their pending I/O."""
+    """Close a socket used by a reader/writer pair, after cancelling their pending I/O.
+
+    On a running loop the socket is closed one callback later: a cancelled `sock_recv` removes
+    its reader from the socket's fd in a callback of its own, and had the fd been closed and taken
+    by a new transport before it ran (the bridge's model connection, right after a reconnect), it
+    would remove that transport's reader instead (Python 3.13 raises there; seen in CI as a query
+    that never ended)."""
     if reader is not None:
         reader.abort()
     if writer is not None:
         writer.abort()
-    sock.close()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        sock.close()
+        return
+    loop.call_soon(sock.close)  # after the cancelled operations' own callbacks, queued before it
 
 
 def shrink_buffers(sock: socket.socket, size: int = 32 * 1024) -> None:
