@@ -560,7 +560,8 @@ class SessionActor(StagedActor):
         here = send_query is not None and _on_loop(self.deps.loop)
         storing = self.deps.sessions.begin_turn_soon(self.session_id, self.tenant, content, attachments, EVENT_BLOCK,
                                                      before=send_first if here else None)
-        if here and sent is None and not (isinstance(storing, concurrent.futures.Future) and storing.done()):
+        held = here and sent is None and not (isinstance(storing, concurrent.futures.Future) and storing.done())
+        if held:
             send_first(held=True)
         try:
             _, first_event = yield storing
@@ -572,7 +573,7 @@ class SessionActor(StagedActor):
             if sent is not None:
                 yield _withdrawn(sent)  # the engine leaves the query out of its conversation
             raise
-        if sent is not None:  # held: the model proxy forwards its calls from now on
+        if held and sent is not None:  # the model proxy forwards its calls from now on
             if _on_loop(self.deps.loop):
                 sent.admit()
             else:  # after SQLite's writer thread, the rest of this runs on this actor's

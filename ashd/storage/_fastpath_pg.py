@@ -10,8 +10,9 @@ one greenlet of SQLAlchemy's, as `AsyncSession.run_sync` runs it.
 
 A connection that fails, or whose work is interrupted (a cancelled request), is invalidated rather
 than handed back in an unknown state. A transaction whose BEGIN fails on a dead connection has
-changed nothing, nor has a read: either is tried once more on another connection (after a
-database restart, the pool's connections all fail that way once).
+changed nothing, nor has a read, nor a write asyncpg refused before sending it: each is tried once
+more on another connection (after a database restart, the pool's connections all fail that way
+once). A write cut off after it was sent is not: whether it ran is unknown.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _dead(exc: Exception) -> bool:
     """A connection the server dropped shows as a disconnect, or, when the drop arrived while it was
     idle, as a client-side error of asyncpg's (its protocol in a state it cannot leave). An error
     the server reported for a statement, or one of ours (a refused transition), leaves it usable."""
-    return is_disconnect(exc) or isinstance(exc, (asyncpg.InterfaceError, asyncpg.exceptions._base.InternalClientError))
+    return is_disconnect(exc) or isinstance(exc, (asyncpg.InterfaceError, asyncpg.InternalClientError))
 
 
 def _refused_unsent(exc: Exception, raw: Any) -> bool:
@@ -48,7 +49,7 @@ def _refused_unsent(exc: Exception, raw: Any) -> bool:
     leave (the server's goodbye arrived while the connection sat in the pool), or the connection
     known closed. A statement sent and then cut off raises ConnectionDoesNotExistError instead:
     whether it ran is unknown, so it is not tried again."""
-    return isinstance(exc, asyncpg.exceptions._base.InternalClientError) or (
+    return isinstance(exc, asyncpg.InternalClientError) or (
         isinstance(exc, asyncpg.InterfaceError) and raw.is_closed())
 
 
