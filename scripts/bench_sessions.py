@@ -11,12 +11,16 @@ server with N concurrent sessions, and the memory held by a stalled stream. Ever
 loopback, the server as a separate process, and stops by itself.
 
     .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8] [--stalled 32]
-    .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--n 30]
+    .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--compare-cold-agent NAME]
+        [--compare-pid PID] [--n 30]
     .venv/bin/python scripts/bench_sessions.py --postgres postgresql://postgres@127.0.0.1:5432/test
 
 `--compare` runs the table's rows against another server of this interface in the same run,
 interleaved operation by operation with ashd (so both see the same machine load), and prints both
-p50s and their ratio. NAME is an agent already deployed there.
+p50s (p99s) and the ratio of the p50s, then cold resume the same way; with `--compare-cold-agent`,
+the rows with no warm sandbox too; with `--compare-pid`, both servers' CPU time per operation.
+NAME is an agent already deployed there; docs/performance.md (thirty-second pass) says how the
+reference implementation was run beside ashd.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ async def fake_model() -> AsyncIterator[str]:
 # `--postgres URL`: each server of the run gets a database of its own on that PostgreSQL server,
 # made here and dropped after it (a database that held another server's rows has its API keys).
 POSTGRES: str | None = None
+COMPARING = False
 
 
 @contextlib.asynccontextmanager
@@ -131,7 +136,11 @@ async def _ashd_server(model_url: str, prewarm: int,
     # `-m` puts the working directory first on sys.path: run from the data dir, so that the ashd
     # served is the installed one (this checkout's, in its editable venv) or what PYTHONPATH names
     # (`bench_ab.py`), never a checkout that happens to be the caller's working directory.
-    proc = subprocess.Popen([PY, "-m", "ashd", "serve"], env=env, cwd=data, stdout=subprocess.DEVNULL,
+    # Beside another server (`--compare`), ashd's sandboxes' mounts stay in a mount namespace of their
+    # own: the reference's bwrap binds the whole host tree (`--ro-bind / /`), and fails its start when
+    # one of ashd's disks is unmounted while it copies the tree. `unshare` execs, so the pid is ashd's.
+    own_mounts = ["unshare", "--mount", "--propagation", "private"] if COMPARING else []
+    proc = subprocess.Popen([*own_mounts, PY, "-m", "ashd", "serve"], env=env, cwd=data, stdout=subprocess.DEVNULL,
                             stderr=open(data / "server.log", "wb"))  # noqa: SIM115
     try:
         url = f"http://127.0.0.1:{port}"
@@ -152,7 +161,11 @@ class Client:
         self.http, self.url, self.headers = http, url, {"Authorization": f"Bearer {key}"}
 
     async def call(self, method: str, path: str, body: Any = None) -> Any:
-        async with self.http.request(method, self.url + path, json=body, headers=self.headers) as resp:
+        # No body, no Content-Type, as the published SDKs send a pause: aiohttp would add
+        # application/octet-stream, which another server of this interface (Fastify's) answers 415.
+        skip = () if body is not None else ("Content-Type",)
+        async with self.http.request(method, self.url + path, json=body, headers=self.headers,
+                                     skip_auto_headers=skip) as resp:
             data = await resp.json()
             if resp.status >= 400:
                 raise RuntimeError(f"{method} {path}: {resp.status} {data}")
@@ -288,18 +301,72 @@ async def compare(args: argparse.Namespace) -> None:
     other_url, other_key = args.compare
     async with fake_model() as model_url, aiohttp.ClientSession() as http:
         await script_instant(http, model_url)
-        async with ashd_server(model_url, prewarm=2) as (url, key, _proc):
+        async with ashd_server(model_url, prewarm=2) as (url, key, proc):
             mine, theirs = Client(http, url, key), Client(http, other_url.rstrip("/"), other_key)
             await mine.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
             ours: dict[str, list[float]] = {row: [] for row in TABLE}
             other: dict[str, list[float]] = {row: [] for row in TABLE}
+            our_cpu = ServerCpu(proc.pid)
+            their_cpu = ServerCpu(args.compare_pid) if args.compare_pid else None
+            less_model: list[float] = []
             for _ in range(args.n):  # interleaved: both servers see the same load
-                await table_round(mine, "bench", ours, gets=10)
-                await table_round(theirs, args.compare_agent, other, gets=10)
-            print(f"{'operation':<42} {'ashd p50':>10} {'other p50':>10} {'other/ashd':>11}")
+                for client, agent, out, cpu in ((mine, "bench", ours, our_cpu),
+                                                (theirs, args.compare_agent, other, their_cpu)):
+                    # Each round starts once both have replaced the sandbox their last create
+                    # claimed, so neither's start runs under the other's operations.
+                    await settle(mine, theirs)
+                    await table_round(client, agent, out, gets=10, cpu=cpu,
+                                      less_model=less_model if client is mine else None)
+            print(f"{'operation':<38} {'ashd p50 (p99)':>18} {'other p50 (p99)':>18} {'other/ashd':>10}")
             for row in TABLE:
-                a, b = statistics.median(ours[row]), statistics.median(other[row])
-                print(f"{row:<42} {a:8.2f} ms {b:8.2f} ms {b / a:10.2f}x")
+                ratio_line(row, ours[row], other[row])
+            if less_model:  # against the other's whole first frame: the reference's mock calls no model
+                ratio_line(LESS_MODEL, less_model, other[TABLE[5]])
+            print("server CPU during each (every thread), p50, ashd · other: " + " · ".join(
+                f"{row.split(' (')[0]} {statistics.median(our_cpu.per_row[row]):.2f}"
+                + (f" · {statistics.median(their_cpu.per_row[row]):.2f}" if their_cpu else "")
+                for row in TABLE) + " ms")
+            cold: tuple[list[float], list[float]] = ([], [])
+            for _ in range(max(5, args.n // 3)):
+                for client, agent, times in ((mine, "bench", cold[0]), (theirs, args.compare_agent, cold[1])):
+                    await settle(mine, theirs)
+                    sid = (await client.call("POST", "/api/sessions", {"agent": agent}))["session"]["id"]
+                    await client.call("POST", f"/api/sessions/{sid}/stop")
+                    resume = functools.partial(client.call, "POST", f"/api/sessions/{sid}/resume")
+                    times.append((await timed(resume))[0])
+                    await client.call("DELETE", f"/api/sessions/{sid}")
+            ratio_line("cold resume (after stop)", *cold)
+        if args.compare_cold_agent:
+            async with ashd_server(model_url, prewarm=0) as (url, key, _proc):
+                mine = Client(http, url, key)
+                await mine.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
+                single: tuple[list[float], list[float]] = ([], [])
+                together: tuple[list[float], list[float]] = ([], [])
+                for _ in range(max(3, args.n // 6)):
+                    for client, agent, i in ((mine, "bench", 0), (theirs, args.compare_cold_agent, 1)):
+                        single[i].extend(await concurrent_creates(client, agent, 2, at_once=1))
+                        together[i].extend(await concurrent_creates(client, agent, 1))
+                ratio_line("create session (no warm sandbox)", *single)
+                ratio_line("4 creates at once, no warm sandbox (each)", *together)
+
+
+async def settle(*clients: Client, timeout: float = 15) -> None:
+    """Each server that reports its pool (`/health`'s `pool.warm`, as ashd's and the reference's
+    do) has a warm sandbox again: a round starts after the start its last create set off has ended,
+    and a pool that cannot refill stops the run instead of turning its creates cold unseen."""
+    for c in clients:
+        try:
+            (await c.call("GET", "/health"))["pool"]["warm"]
+        except (KeyError, TypeError, RuntimeError, aiohttp.ClientError):
+            continue
+        await wait_warm(c, 1, timeout)
+        if (await c.call("GET", "/health"))["pool"]["warm"] < 1:
+            raise RuntimeError(f"{c.url} has no warm sandbox after {timeout} s; its log says why")
+
+
+def ratio_line(row: str, ours: list[float], other: list[float]) -> None:
+    a, b = statistics.median(ours), statistics.median(other)
+    print(f"{row:<38} {a:7.2f} ({pct(ours, 0.99):6.2f}) ms {b:7.2f} ({pct(other, 0.99):6.2f}) ms {b / a:9.2f}x")
 
 
 async def script_instant(http: aiohttp.ClientSession, model_url: str) -> None:
@@ -332,12 +399,17 @@ async def main() -> None:
     parser.add_argument("--compare", nargs=2, metavar=("URL", "KEY"),
                         help="also run the table's rows against this server, interleaved")
     parser.add_argument("--compare-agent", default="bench", help="an agent deployed on the --compare server")
+    parser.add_argument("--compare-cold-agent", metavar="NAME",
+                        help="an agent on the --compare server that keeps no warm sandbox: the rows "
+                             "without one too (a create, 4 at once), against an ashd with none")
+    parser.add_argument("--compare-pid", type=int,
+                        help="the --compare server's process id, to print its CPU time per operation too")
     parser.add_argument("--postgres", metavar="URL",
                         help="store in PostgreSQL: a fresh database per server on the server URL names "
                              "(e.g. postgresql://postgres@127.0.0.1:5432/test), instead of SQLite")
     args = parser.parse_args()
-    global POSTGRES
-    POSTGRES = args.postgres
+    global POSTGRES, COMPARING
+    POSTGRES, COMPARING = args.postgres, bool(args.compare)
     if args.compare:
         await compare(args)
         return
