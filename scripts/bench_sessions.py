@@ -187,12 +187,14 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
     return (time.perf_counter() - t0) * 1000, result
 
 
-async def wait_warm(c: Client, want: int, timeout: float = 30) -> None:
+async def wait_warm(c: Client, want: int, timeout: float = 30) -> bool:
+    """True once the server's pool has `want` warm sandboxes; False when `timeout` passed first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (await c.call("GET", "/health"))["pool"]["warm"] >= want:
-            return
+            return True
         await asyncio.sleep(0.02)
+    return False
 
 
 async def first_message_frame(c: Client, sid: str, content: str) -> float:
@@ -356,11 +358,10 @@ async def settle(*clients: Client, timeout: float = 15) -> None:
     and a pool that cannot refill stops the run instead of turning its creates cold unseen."""
     for c in clients:
         try:
-            (await c.call("GET", "/health"))["pool"]["warm"]
+            warm = await wait_warm(c, 1, timeout)
         except (KeyError, TypeError, RuntimeError, aiohttp.ClientError):
-            continue
-        await wait_warm(c, 1, timeout)
-        if (await c.call("GET", "/health"))["pool"]["warm"] < 1:
+            continue  # no pool in its /health: nothing to wait for
+        if not warm:
             raise RuntimeError(f"{c.url} has no warm sandbox after {timeout} s; its log says why")
 
 
