@@ -12,7 +12,7 @@ loopback, the server as a separate process, and stops by itself.
 
     .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8] [--stalled 32]
     .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--compare-cold-agent NAME]
-        [--compare-pid PID] [--n 30]
+        [--compare-pid PID] [--own-mounts] [--n 30]
     .venv/bin/python scripts/bench_sessions.py --postgres postgresql://postgres@127.0.0.1:5432/test
 
 `--compare` runs the table's rows against another server of this interface in the same run,
@@ -93,7 +93,7 @@ async def fake_model() -> AsyncIterator[str]:
 # `--postgres URL`: each server of the run gets a database of its own on that PostgreSQL server,
 # made here and dropped after it (a database that held another server's rows has its API keys).
 POSTGRES: str | None = None
-COMPARING = False
+OWN_MOUNTS = False
 
 
 @contextlib.asynccontextmanager
@@ -136,10 +136,12 @@ async def _ashd_server(model_url: str, prewarm: int,
     # `-m` puts the working directory first on sys.path: run from the data dir, so that the ashd
     # served is the installed one (this checkout's, in its editable venv) or what PYTHONPATH names
     # (`bench_ab.py`), never a checkout that happens to be the caller's working directory.
-    # Beside another server (`--compare`), ashd's sandboxes' mounts stay in a mount namespace of their
-    # own: the reference's bwrap binds the whole host tree (`--ro-bind / /`), and fails its start when
-    # one of ashd's disks is unmounted while it copies the tree. `unshare` execs, so the pid is ashd's.
-    own_mounts = ["unshare", "--mount", "--propagation", "private"] if COMPARING else []
+    # `--own-mounts`: ashd's sandboxes' mounts stay in a mount namespace of their own. The reference's
+    # bwrap binds the whole host tree (`--ro-bind / /`), and fails its start when one of ashd's disks
+    # is unmounted while it copies the tree. Not the default: the namespace keeps a copy of every
+    # mount the host had when it began (another process's sandbox disk, say) until ashd exits, so
+    # their loop devices stay attached after the host unmounts them. `unshare` execs: the pid is ashd's.
+    own_mounts = ["unshare", "--mount", "--propagation", "private"] if OWN_MOUNTS else []
     proc = subprocess.Popen([*own_mounts, PY, "-m", "ashd", "serve"], env=env, cwd=data, stdout=subprocess.DEVNULL,
                             stderr=open(data / "server.log", "wb"))  # noqa: SIM115
     try:
@@ -403,14 +405,17 @@ async def main() -> None:
     parser.add_argument("--compare-cold-agent", metavar="NAME",
                         help="an agent on the --compare server that keeps no warm sandbox: the rows "
                              "without one too (a create, 4 at once), against an ashd with none")
+    parser.add_argument("--own-mounts", action="store_true",
+                        help="run ashd in a mount namespace of its own (beside a server whose sandboxes "
+                             "bind the host's whole mount tree, as the reference's bwrap does)")
     parser.add_argument("--compare-pid", type=int,
                         help="the --compare server's process id, to print its CPU time per operation too")
     parser.add_argument("--postgres", metavar="URL",
                         help="store in PostgreSQL: a fresh database per server on the server URL names "
                              "(e.g. postgresql://postgres@127.0.0.1:5432/test), instead of SQLite")
     args = parser.parse_args()
-    global POSTGRES, COMPARING
-    POSTGRES, COMPARING = args.postgres, bool(args.compare)
+    global POSTGRES, OWN_MOUNTS
+    POSTGRES, OWN_MOUNTS = args.postgres, args.own_mounts
     if args.compare:
         await compare(args)
         return
