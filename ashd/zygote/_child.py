@@ -195,12 +195,18 @@ def _unescape_mountinfo(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+# A sandbox's disk (`SandboxPaths.disk`) under any data dir: this server's or another's on the host.
+_ANY_SANDBOX_DISK = re.compile(r"/sb-[0-9a-f]{16}/disk(/|$)")
+
+
 def mount_points_under(folders: list[str]) -> list[str]:
-    """The mount points strictly below any of `folders` in this mount namespace, deepest first."""
+    """The mount points strictly below any of `folders` in this mount namespace, and every ashd
+    sandbox's disk wherever it is, deepest first."""
     prefixes = tuple(os.path.realpath(f).rstrip("/") + "/" for f in folders)  # as mountinfo shows them
     with open("/proc/self/mountinfo") as f:
         points = [_unescape_mountinfo(line.split()[4]) for line in f]
-    return sorted({p for p in points if p.startswith(prefixes)}, key=len, reverse=True)
+    return sorted({p for p in points if p.startswith(prefixes) or _ANY_SANDBOX_DISK.search(p)},
+                  key=len, reverse=True)
 
 
 def private_mount_namespace(detach_under: list[str]) -> None:
@@ -213,7 +219,12 @@ def private_mount_namespace(detach_under: list[str]) -> None:
     namespace that table holds every live sandbox's disk, so a create cost more the more sessions
     were held (docs/performance.md, twenty-sixth pass). A sandbox mounts its own disk by its device
     instead (`_mount_disk`), and what it opens before its own mounts goes through the server's view
-    of the tree (the launcher's `/proc/<server>/root/...` paths)."""
+    of the tree (the launcher's `/proc/<server>/root/...` paths).
+
+    The disks of another ashd on the host (a second service, a test beside this one) go too: a
+    private copy of a mount holds its filesystem, and so its loop device and the space of its
+    deleted image, until this namespace ends, whatever the other server unmounts; a restart of that
+    server after a kill would wait for the image to let go, and keep it unread (docs/operations.md)."""
     _unshare(CLONE_NEWNS)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     for point in mount_points_under(detach_under):

@@ -8,15 +8,18 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 
 from ashd.config import Settings
@@ -53,14 +56,17 @@ class Proc:
         async with asyncio.timeout(60), aiohttp.ClientSession() as http:
             while True:
                 if self.proc.poll() is not None:
-                    tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
-                    raise AssertionError(f"the server exited during start ({self.proc.returncode}):\n{tail}")
+                    raise AssertionError(f"the server exited during start ({self.proc.returncode}):\n{self.tail(20)}")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(f"{self.url}/health") as resp:
                         if resp.status == 200:
                             break
                 await asyncio.sleep(0.1)
         return (Path(self.env["SERVICE_DATA_DIR"]) / "initial-api-key").read_text().strip()
+
+    def tail(self, lines: int = 40) -> str:
+        """The server's last log lines, for an assertion's message."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -160,7 +166,7 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
         assert body["messages"] == before[sid]
         # the files the agent wrote before the kill are readable, from the snapshot
         status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files")
-        assert status == 200, body
+        assert status == 200, (sids.index(sid), body, proc.tail())
         assert body["source"] == "snapshot" and "alpha.txt" in {f["path"] for f in body["files"]}
     status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sids[0]}/events?type=lifecycle")
     assert json.loads(body["events"][-1]["data"])["reason"] == "restart"
@@ -185,6 +191,40 @@ async def test_sigkill_and_restart(proc: Proc, http: aiohttp.ClientSession, fake
         assert "remember-alpha now" in json.dumps(request["body"]["messages"])
     async with http.get(f"{proc.url}/metrics") as resp:
         assert 'ash_resume_total{path="cold"} 2.0' in await resp.text()
+
+
+async def test_another_server_on_the_host_holds_none_of_this_ones_disks(
+        proc: Proc, http: aiohttp.ClientSession, fake_model: FakeModel) -> None:  # noqa: F811
+    """A second ashd on the host (its own data dir and database) starts while this one's sandbox disk
+    is mounted: its fork server's private mount namespace copies the host's table then, and must
+    leave that disk out. A copy would hold the disk's filesystem, and its loop device, for as long as
+    the other server runs; a restart of this one after a kill would wait for the leftover image to
+    let go, give up, and serve the session without its files (CI saw that 404 once another test's
+    server started at the wrong moment)."""
+    key = await proc.start()
+    [sid] = await _sessions_that_wrote(proc, http, key, fake_model, "gamma", 1)
+    status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}")
+    paths = SandboxPaths(Path(proc.env["SERVICE_DATA_DIR"]) / "sandboxes" / body["session"]["sandboxId"])
+    assert loop_devices_of(paths.image)
+    other_dir = Path(tempfile.mkdtemp(prefix="ashd-", dir="/tmp"))
+    other = Proc(Settings(data_dir=str(other_dir / "data")), fake_model.url)
+    try:
+        await other.start()  # its fork server's namespace is made now, with the disk mounted
+        assert other.proc is not None
+        held = {p.pid: Path(f"/proc/{p.pid}/mountinfo").read_text()
+                for p in psutil.Process(other.proc.pid).children(recursive=True)}
+        assert held and not [pid for pid, table in held.items() if f" {paths.disk} " in table]
+
+        proc.kill()
+        subprocess.run(["umount", "-l", str(paths.disk)], check=True)
+        key = await proc.start()
+        status, body = await _call(http, proc, key, "GET", f"/api/sessions/{sid}/files/gamma.txt",
+                                   params={"format": "json"})
+        assert status == 200, (body, proc.tail())
+        assert body["content"] == "gamma file" and body["source"] == "snapshot"
+    finally:
+        other.stop()
+        shutil.rmtree(other_dir, ignore_errors=True)
 
 
 async def test_a_stopped_server_takes_the_snapshots_it_owes_before_its_sandboxes_go(
