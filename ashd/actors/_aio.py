@@ -174,10 +174,11 @@ def spawn_on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any
 _piped: set[concurrent.futures.Future[None]] = set()  # work piped to actors, held until it is done
 
 
-def pipe_to_actor(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float,
+def pipe_to_actor(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float | None,
                   ref: pykka.ActorRef[Any], message: Callable[[Any, BaseException | None], Any],
                   here: Callable[[Any], bool] | None = None) -> None:
-    """Run `coro` on the loop, at most `timeout` seconds, then tell `ref` `message(result, error)`.
+    """Run `coro` on the loop, at most `timeout` seconds (None: no bound of its own), then tell `ref`
+    `message(result, error)`.
 
     Called from the actor's thread, which goes on with its inbox meanwhile; the outcome comes back
     as an ordinary message. A loop that is closed or cancels the work (shutting down) is reported as

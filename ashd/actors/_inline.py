@@ -25,7 +25,7 @@ import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykka
@@ -42,10 +42,19 @@ class TurnInbox(queue.Queue[Any]):
         self.puts = 0  # under the queue's own lock, as the item becomes visible
         self.handled = 0  # under `turn`, by the actor's thread
         self.owner: weakref.ref[Any] | None = None
+        # Called after each put while set: the actor's thread is started by its first message
+        # (`StagedActor.lazy_thread`).
+        self.on_put: Callable[[], None] | None = None
 
     def _put(self, item: Any) -> None:
         self.puts += 1
         super()._put(item)
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        on_put = self.on_put
+        if on_put is not None:
+            on_put()
 
 
 @contextlib.contextmanager
@@ -72,7 +81,8 @@ def try_inline(ref: pykka.ActorRef[Any], name: str, *args: Any, **kwargs: Any) -
         return None
     with idle_turn(inbox, ref.actor_stopped) as idle:
         # `handled` > 0: the actor's thread has started (its `on_start` ran before its first message).
-        if not idle or inbox.handled == 0:
+        # An actor whose thread waits for its first message has no `on_start` to wait for.
+        if not idle or (inbox.handled == 0 and not actor.lazy_thread):
             return None
         reply: Later[Any] | None = actor.run_inline(name, *args, **kwargs)
         return reply

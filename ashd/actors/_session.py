@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ashd.actors._aio import Later, spawn_on_loop
+from ashd.actors._aio import Later, call, spawn_on_loop
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SendQuery, SentQuery, SessionDeps, TurnTicket
 from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
@@ -38,7 +38,7 @@ from ashd.errors import (
     StorageFull,
     Unavailable,
 )
-from ashd.sandboxing import prepare_workspace
+from ashd.sandboxing import prepare_workspace, small_agent
 from ashd.storage import (
     Session,
     SessionHeldElsewhere,
@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 # (a new agent's is a few dozen: a fraction of a millisecond); a larger one is walked on this
 # actor's thread, where a long walk holds up no one else.
 INLINE_WALK_ENTRIES = 128
+# A create handled on the loop copies the agent folder there up to this size (a few dozen files of
+# a new agent: a fraction of a millisecond); a larger one is copied on this actor's thread.
+INLINE_COPY_ENTRIES = 128
+INLINE_COPY_BYTES = 1024 * 1024
 
 _ANTHROPIC_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 # A new session's row being inserted (see `SessionActor.create`).
@@ -72,6 +76,8 @@ def _seen(future: asyncio.Future[Any]) -> None:
 
 
 class SessionActor(StagedActor):
+    lazy_thread = True  # a session handled on the loop only (created, paused, resumed) needs none
+
     def __init__(self, deps: SessionDeps, session_id: str, tenant: str) -> None:
         super().__init__(deps.loop, deps.ask_timeout)
         self.deps = deps
@@ -90,14 +96,20 @@ class SessionActor(StagedActor):
         self._live_changes: dict[str, Any] | None = None
 
     def _inline_ok(self, name: str) -> bool:
-        """A pause or a DELETE with no turn running, a warm resume, a turn's start and its end may be
-        handled on the loop while this actor is idle (`_inline.py`): their steps there read this
-        actor's state and store at most one transaction, which goes to the writer thread when the
-        database is not free at once. A resume or a turn that finds its sandbox gone, and a DELETE
-        of a workspace of more than INLINE_WALK_ENTRIES entries, go on on this actor's thread
+        """A create, a pause or a DELETE with no turn running, a warm resume, a turn's start and its
+        end may be handled on the loop while this actor is idle (`_inline.py`): their steps there
+        read this actor's state and store at most one transaction, which goes to the writer thread
+        when the database is not free at once; a create's claim of a sandbox is awaited there, not
+        waited for. A resume or a turn that finds its sandbox gone, a DELETE of a workspace of more
+        than INLINE_WALK_ENTRIES entries, and a create whose agent folder is larger than
+        INLINE_COPY_ENTRIES entries or INLINE_COPY_BYTES, go on on this actor's thread
         (`ON_ACTOR_THREAD`). Not on a runner: its transitions are fenced, and one fenced out lets
         its sandbox go, which waits for the pool."""
-        if self.deps.runner_id is not None or self.row is None:
+        if self.deps.runner_id is not None:
+            return False
+        if name == "create":  # its claim is awaited and a large agent folder copied on this thread
+            return True
+        if self.row is None:
             return False
         if name in ("pause", "delete"):  # a DELETE's walk of a large workspace goes to this thread
             return self.turn is None
@@ -275,8 +287,9 @@ class SessionActor(StagedActor):
         seccomp = deps.seccomp_profile(self.tenant, row.agent_name)
         disk_mb = config.get("diskMb") or getattr(agent, "disk_mb", None)
         disk_bytes = int(disk_mb) * 1024 * 1024 if disk_mb else None
-        claimed = deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes).get(
-            timeout=deps.ask_timeout)
+        claim = deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
+        # On the loop (a create, `_inline_ok`) the pool's answer is awaited; on this thread, waited for.
+        claimed = (yield call(claim, deps.ask_timeout)) if self._inline else claim.get(timeout=deps.ask_timeout)
         if isinstance(claimed, Launching):  # no spare: the pool launches one off its thread
             try:
                 claimed = yield claimed.handle
@@ -295,6 +308,9 @@ class SessionActor(StagedActor):
                                        session_models(row.model, agent.model, agent.path, config),
                                        key=_constant(api_key))
             restored = False
+            if self._inline and (restore or not small_agent(Path(agent.path), INLINE_COPY_ENTRIES,
+                                                             INLINE_COPY_BYTES)):
+                yield ON_ACTOR_THREAD  # a restore, or a copy that may take long, never on the loop
             try:
                 if restore and deps.snapshots is not None:
                     restored = bool(deps.snapshots.restore(self.session_id, handle.paths.workspace)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from ashd.actors._inline import try_inline
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SendQuery, SessionDeps, TurnTicket
+from ashd.actors._staged import stop_soon
 from ashd.errors import Conflict, SandboxError, Unavailable
 from ashd.storage import AgentFile, Session, new_id, write_files
 
@@ -117,8 +117,11 @@ class SessionRegistry:
             # An insert still on its way goes on beside the sandbox's start; the actor waits for it
             # before it stores anything more. Creation may install packages and run setup.sh: its
             # budget includes the setup timeout.
+            # Handled here, on the loop, as a warm resume is (`SessionActor._inline_ok`): the new
+            # actor's thread is not even started unless a step needs it.
             return await self._changed(req.session_id,
-                                       self._proxy(req.session_id, ref).create(req, row, inserted),
+                                       self._inline(req.session_id, "create", req, row, inserted)
+                                       or self._proxy(req.session_id, ref).create(req, row, inserted),
                                        self.timeout + self.deps.init_timeout + 10)
         except BaseException:
             if inserting.done() and not inserting.cancelled() and inserting.exception() is not None:
@@ -127,7 +130,7 @@ class SessionRegistry:
                         del self._actors[req.session_id]
                         self._tenants.pop(req.session_id, None)
                         self._proxies.pop(req.session_id, None)
-                ref.stop(block=False)
+                stop_soon(ref)
             raise
 
     async def fork(self, tenant: str, parent_id: str, child_id: str, encrypted_env: bytes | None) -> dict[str, Any]:
@@ -237,7 +240,7 @@ class SessionRegistry:
                     self._tenants.pop(session_id, None)
                     self._views.pop(session_id, None)
                     self._proxies.pop(session_id, None)
-                    ref.stop(block=False)
+                    stop_soon(ref)
 
     async def delete(self, tenant: str, session_id: str, *, purge: bool = False) -> dict[str, Any]:
         """End the session. With `purge`, also delete its snapshots, messages and events: the
@@ -254,7 +257,7 @@ class SessionRegistry:
         if ref is not None:
             # After the answer is written: the actor's thread, woken now, would take the interpreter
             # from the loop while it writes it (0.15 ms of a DELETE, measured; docs/performance.md).
-            asyncio.get_running_loop().call_soon(functools.partial(ref.stop, block=False))
+            asyncio.get_running_loop().call_soon(stop_soon, ref)
         if purge:
             if self.deps.snapshots is not None:
                 await call(self.deps.snapshots.delete(session_id), self.timeout)
@@ -376,7 +379,7 @@ class SessionRegistry:
         self._tenants.clear()
         for ref in refs:
             if ref.is_alive():
-                ref.stop(block=False)
+                stop_soon(ref)
 
     def new_session_id(self) -> str:
         return new_id()

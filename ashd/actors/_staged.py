@@ -4,8 +4,9 @@ A request handler is a generator method decorated with `@staged`. Where it needs
 loop (a database call, a bridge request) it yields the coroutine, or `OnLoop(coro, timeout)`, and
 the result comes back as the value of the `yield` (an exception is raised there). A
 `concurrent.futures.Future` may be yielded too: work already running on a thread of its own (a
-SQLite write on the writer thread), whose outcome is told to the actor from that thread; one already
-resolved (a short SQLite transaction the actor's thread ran itself) is taken at once. Between those
+SQLite write on the writer thread), whose outcome is told to the actor from that thread (a handler
+running on the loop, `_inline.py`, awaits it there instead); one already resolved (a short SQLite
+transaction the actor's thread ran itself) is taken at once. Between those
 stages the actor's thread is free: the work is piped to the loop (`_aio.pipe_to_actor`), its
 outcome returns as a message, and requests that arrive meanwhile wait in arrival order (stashed)
 until the running one has answered. So the requests of one actor stay serialised, each with one
@@ -19,10 +20,12 @@ once from the state the last finished request left (reads of memory only).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import functools
 import logging
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pykka
+from pykka import ActorRegistry
 
 from ashd.actors._aio import AioActor, Later, pipe_to_actor
 from ashd.actors._inline import TurnInbox, idle_turn
@@ -107,6 +111,48 @@ def staged(handler: Callable[Concatenate[A, P], Stage[T]]) -> Callable[Concatena
 
 
 class StagedActor(AioActor):
+    # True: `start` registers the actor without its thread, which its first message starts. A request
+    # handled on its caller's thread meanwhile (`_inline.py`) needs none: a session that is created,
+    # paused and resumed on the loop never starts one. Only for an actor with no `on_start`.
+    lazy_thread = False
+
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> pykka.ActorRef[Any]:
+        if not cls.lazy_thread:
+            return super().start(*args, **kwargs)
+        obj = cls(*args, **kwargs)
+        ActorRegistry.register(obj.actor_ref)
+        inbox = obj.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        inbox.on_put = obj._start_thread
+        return obj.actor_ref
+
+    def _start_thread(self) -> None:
+        """The actor's thread, started by the first message put in its inbox, from the thread that
+        put it (the loop's, the writer's, the pool's): once."""
+        with self._thread_lock:
+            inbox = self.actor_inbox
+            assert isinstance(inbox, TurnInbox)
+            if inbox.on_put is None:
+                return
+            inbox.on_put = None
+            self._start_actor_loop()
+
+    def _stop_unstarted(self) -> bool:
+        """Stop this actor here when its thread never started and it has nothing to do: True when it
+        did. A thread started only to handle the stop message would cost the caller its start."""
+        inbox = self.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        with self._thread_lock:
+            if inbox.on_put is None:
+                return False
+            with idle_turn(inbox, self.actor_stopped) as idle:
+                if not idle or self.busy():
+                    return False
+                inbox.on_put = None  # never started: a message from now on finds it stopped
+                self._stop()
+        return True
+
     def __init__(self, loop: Any, stage_timeout: float) -> None:
         super().__init__()
         self._loop = loop
@@ -115,6 +161,7 @@ class StagedActor(AioActor):
         self._stashed: deque[_Request] = deque()
         self._stage = 0  # number of the stage now on the loop; a stale outcome is ignored
         self._inline = False  # a handler runs on the caller's thread now (`_inline.try_inline`)
+        self._thread_lock = threading.Lock()
         inbox = self.actor_inbox
         assert isinstance(inbox, TurnInbox)
         inbox.owner = weakref.ref(self)
@@ -196,12 +243,21 @@ class StagedActor(AioActor):
         if work is ON_ACTOR_THREAD:  # the rest of the handler as a message to the actor's thread
             _tell_done(self.actor_ref, self._stage, _RESOLVED)
             return
+        timeout: float | None
         if isinstance(work, concurrent.futures.Future):
-            # Work already started on a thread of its own (the SQLite writer): its outcome comes back
-            # as a message straight from there, without a trip through the loop.
-            work.add_done_callback(functools.partial(_tell_done, self.actor_ref, self._stage))
-            return
-        coro, timeout = (work.coro, work.timeout) if isinstance(work, OnLoop) else (work, self.stage_timeout)
+            if not self._inline:
+                # Work already started on a thread of its own (the SQLite writer): its outcome comes
+                # back as a message straight from there, without a trip through the loop.
+                work.add_done_callback(functools.partial(_tell_done, self.actor_ref, self._stage))
+                return
+            # A handler on the loop awaits it there and goes on there (below), as after loop work:
+            # no trip to the actor's thread, which may not even be started (`lazy_thread`). Bounded
+            # by the work itself, as on the actor's thread.
+            coro, timeout = _outcome(work), None
+        elif isinstance(work, OnLoop):
+            coro, timeout = work.coro, work.timeout
+        else:
+            coro, timeout = work, self.stage_timeout
         # A handler running on the loop (`_inline.py`) goes on there after its loop work, as it would
         # have had that work been done there at once (a transaction on PostgreSQL is awaited where one
         # on SQLite runs in place): the same steps on the same thread, two crossings fewer.
@@ -261,6 +317,21 @@ class StagedActor(AioActor):
             if not request.reply.done():
                 request.reply.set_exception(Unavailable("the service is shutting down or a component "
                                                         "stopped; try again"))
+
+
+def stop_soon(ref: pykka.ActorRef[Any]) -> None:
+    """Stop the actor without waiting: here and now when it is a `lazy_thread` actor whose thread
+    never started and that is idle, else by pykka's stop message to its thread."""
+    inbox = ref.actor_inbox
+    actor = inbox.owner() if isinstance(inbox, TurnInbox) and inbox.owner is not None else None
+    if isinstance(actor, StagedActor) and actor._stop_unstarted():
+        return
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.stop(block=False)
+
+
+async def _outcome(work: concurrent.futures.Future[Any]) -> Any:
+    return await asyncio.wrap_future(work)
 
 
 _RESOLVED: concurrent.futures.Future[None] = concurrent.futures.Future()

@@ -1,6 +1,6 @@
 """Sandbox lifecycle: isolation (bwrap or a zygote), cgroup limits, the shutdown ladder."""
 
-from ashd.sandboxing._agent_setup import prepare_workspace
+from ashd.sandboxing._agent_setup import prepare_workspace, small_agent
 from ashd.sandboxing._bridge_client import BridgeConnection
 from ashd.sandboxing._cgroups import CgroupTree, SandboxCgroup, detect_version
 from ashd.sandboxing._egress_policy import BLOCKED_V4, EgressPolicy, parse_allow, parse_dns, parse_subnet
@@ -82,5 +82,6 @@ __all__ = [
     "probe_isolation",
     "reap_leftovers",
     "session_models",
+    "small_agent",
     "split_url",
 ]

@@ -44,6 +44,33 @@ def copy_agent(agent_dir: Path, workspace: Path) -> None:
         os.close(fd)
 
 
+def small_agent(agent_dir: Path, max_entries: int, max_bytes: int) -> bool:
+    """Whether the copy of `agent_dir` holds at most `max_entries` entries and `max_bytes` bytes of
+    files: a copy short enough for the event loop's thread (a create handled there). A walk of the
+    names the copy takes, stopped as soon as either is over; False when the folder cannot be read
+    (the copy itself says why)."""
+    entries, size = 0, 0
+    stack = [str(agent_dir)]
+    try:
+        while stack:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if _skipped(entry.name):
+                        continue
+                    entries += 1
+                    if entries > max_entries:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        size += entry.stat(follow_symlinks=False).st_size
+                        if size > max_bytes:
+                            return False
+    except OSError:
+        return False
+    return True
+
+
 def _skipped(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in _SKIP)
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ashd.actors._session import INLINE_COPY_ENTRIES
 from ashd.config import Settings
 from ashd.devtools.fake_model import FakeModel
 from tests.conftest import Api, start_api
@@ -216,3 +220,61 @@ async def test_a_sandbox_killed_between_requests_is_replaced_by_the_next(sapi: A
     assert await file_text("one.txt") == await file_text("two.txt") == "kept\n"
     status, frames = await send(sapi, sid, "after the resume")
     assert status == 200 and frames[-1].event == "done"
+
+
+def _actor_threads(session_id: str) -> list[str]:
+    """The live threads of `session_id`'s actor in this process (`SessionActor.lazy_thread`)."""
+    return [t.name for t in threading.enumerate()
+            if getattr(getattr(getattr(t, "_target", None), "__self__", None), "session_id", None) == session_id]
+
+
+async def test_a_create_handled_on_the_loop_starts_no_actor_thread_and_a_large_agent_folder_goes_to_one(
+        aiohttp_client: Any, settings: Settings, fake_model: FakeModel, tmp_path: Path) -> None:  # noqa: F811
+    """A create that claims a pre-warmed sandbox, a pause, a resume and a DELETE are handled on the
+    loop (`SessionActor._inline_ok`): the session's actor never starts its thread. An agent folder
+    over INLINE_COPY_ENTRIES entries is copied on the actor's thread instead, whole."""
+    server, api = await start_api(aiohttp_client, settings.with_(
+        zygote=True, prewarm=1, anthropic_base_url=fake_model.url, anthropic_api_key="sk-ant-test-server-key"))
+    try:
+        await _test_inline_create(api, tmp_path)
+    finally:
+        await api.client.close()
+        await server.stop()
+
+
+async def _warm(api: Api) -> None:
+    async with asyncio.timeout(30):
+        while (await api.call("GET", "/health"))[1]["pool"]["warm"] < 1:
+            await asyncio.sleep(0.02)
+
+
+async def _test_inline_create(api: Api, tmp_path: Path) -> None:
+    await deploy(api)
+    await _warm(api)
+    sid = (await create(api))["id"]
+    assert not _actor_threads(sid)
+    for path in ("pause", "resume"):
+        status, body = await api.call("POST", f"/api/sessions/{sid}/{path}")
+        assert status == 200, body
+        assert not _actor_threads(sid), path
+    status, body = await api.call("DELETE", f"/api/sessions/{sid}")
+    assert status == 200 and body["session"]["status"] == "ended"
+    assert not _actor_threads(sid)
+
+    folder = tmp_path / "big-agent"
+    (folder / "data").mkdir(parents=True)
+    (folder / "AGENT.md").write_text("You are a test agent.\n")
+    count = INLINE_COPY_ENTRIES + 72
+    for i in range(count):
+        (folder / "data" / f"f{i:03}.txt").write_text(f"file {i}\n")
+    status, body = await api.call("POST", "/api/agents", json={"name": "big", "path": str(folder)})
+    assert status == 201, body
+    await _warm(api)
+    status, body = await api.call("POST", "/api/sessions", json={"agent": "big"})
+    assert status == 201, body
+    big = body["session"]["id"]
+    assert _actor_threads(big)  # the copy went to the actor's thread
+    status, body = await api.call("GET", f"/api/sessions/{big}/files")
+    assert status == 200, body
+    paths = {f["path"] for f in body["files"]}
+    assert {f"data/f{i:03}.txt" for i in range(count)} <= paths and "AGENT.md" in paths

@@ -15,7 +15,7 @@ import pytest
 
 from ashd.actors._aio import Later, call
 from ashd.actors._inline import try_inline
-from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
+from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged, stop_soon
 from ashd.errors import BadRequest, Unavailable
 
 
@@ -165,17 +165,32 @@ async def test_on_actor_thread_moves_the_rest_of_the_handler(recorder: Any) -> N
     assert before == after != threading.get_ident()
 
 
-async def test_pending_work_of_an_inline_request_finishes_on_the_actor_thread(recorder: Any) -> None:
-    ref, _ = recorder
+async def test_pending_work_of_an_inline_request_is_awaited_on_the_loop(recorder: Any) -> None:
+    """Work running on a thread of its own (a write that waited for the SQLite writer) is awaited on
+    the loop, and the handler goes on there while the actor is idle; else on the actor's thread."""
+    ref, proxy = recorder
     work: concurrent.futures.Future[int] = concurrent.futures.Future()
     reply = try_inline(ref, "wait_for", work)
     assert reply is not None and not reply.done()
     assert try_inline(ref, "step", "while it waits") is None  # the actor has a request running
     with pytest.raises(Unavailable):
         await call(reply, 0.05)  # the caller gives up ...
-    work.set_result(7)
+    threading.Timer(0.02, work.set_result, (7,)).start()  # resolved on another thread
     value, thread = await asyncio.wrap_future(reply)  # ... the request is not cancelled: it answers
-    assert value == 7 and thread != threading.get_ident()
+    assert value == 7 and thread == threading.get_ident()
+
+    work = concurrent.futures.Future()
+    reply = try_inline(ref, "wait_for", work)
+    assert reply is not None
+    gate = threading.Event()
+    busy = proxy.blocked(gate)  # the actor's thread holds its turn when the work is done
+    await asyncio.sleep(0.05)
+    work.set_result(8)
+    await asyncio.sleep(0.05)
+    gate.set()
+    await call(busy, 5)
+    value, thread = await call(reply, 5)
+    assert value == 8 and thread != threading.get_ident()
 
 
 async def test_an_inline_request_answers_its_error(recorder: Any) -> None:
@@ -240,3 +255,93 @@ async def test_requests_that_waited_for_it_run_after_it_on_the_actor_thread(reco
     assert await call(queued, 5) != threading.get_ident()  # what it does may block: not on the loop
     labels = [label for label, _ in ref.actor_inbox.owner().log]
     assert labels[-2:] == ["then_here", "queued behind it"]
+
+
+class LazyRecorder(Recorder):
+    lazy_thread = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.allowed.add("then_here")
+
+
+def _threads_of(ref: pykka.ActorRef[Any]) -> list[threading.Thread]:
+    actor = _owner(ref)
+    assert actor is not None  # the caller holds it
+    return [t for t in threading.enumerate() if getattr(getattr(t, "_target", None), "__self__", None) is actor]
+
+
+def _owner(ref: pykka.ActorRef[Any]) -> Any:
+    inbox: Any = ref.actor_inbox
+    return inbox.owner()
+
+
+async def test_a_lazy_actor_handles_requests_inline_with_no_thread_until_a_message_comes() -> None:
+    """`StagedActor.lazy_thread`: registered at `start`, its thread started by its first message."""
+    ref = LazyRecorder.start(asyncio.get_running_loop())
+    try:
+        assert ref.is_alive() and ref in pykka.ActorRegistry.get_all()
+        actor = _owner(ref)
+        reply = try_inline(ref, "step", "inline, before any thread")
+        assert reply is not None and await call(reply, 5) == threading.get_ident()
+        ready = asyncio.Event()
+        ready.set()
+        reply = try_inline(ref, "then_here", ready)  # loop work, then on here: still no thread
+        assert reply is not None and await call(reply, 5) == ("worked", threading.get_ident())
+        assert not _threads_of(ref)
+        # The first message starts the thread, which handles it.
+        assert await call(ref.proxy().step("through the inbox"), 5) != threading.get_ident()
+        assert len(_threads_of(ref)) == 1
+        assert [label for label, _ in actor.log] == ["inline, before any thread", "then_here", "through the inbox"]
+        assert try_inline(ref, "step", "inline again") is not None
+        assert await call(ref.proxy().step("and again"), 5) != threading.get_ident()
+        assert len(_threads_of(ref)) == 1  # started once
+    finally:
+        pykka.ActorRegistry.stop_all()
+
+
+async def test_a_lazy_actors_step_on_its_own_thread_starts_it() -> None:
+    """An inline handler that moves to the actor's thread (`ON_ACTOR_THREAD`), or whose loop work
+    fails (its outcome goes there), finds it started."""
+    ref = LazyRecorder.start(asyncio.get_running_loop())
+    try:
+        reply = try_inline(ref, "hop")
+        assert reply is not None
+        before, after = await call(reply, 5)
+        assert before == threading.get_ident() and after != before
+        fresh = LazyRecorder.start(asyncio.get_running_loop())
+        ready = asyncio.Event()
+        ready.set()
+        reply = try_inline(fresh, "then_here", ready, True)
+        assert reply is not None
+        assert await call(reply, 5) == ("the loop's work failed", next(t.ident for t in _threads_of(fresh)))
+    finally:
+        pykka.ActorRegistry.stop_all()
+
+
+async def test_a_lazy_actor_stopped_before_its_thread_started_stops() -> None:
+    """By pykka's stop (its thread started to handle it), or by `stop_soon`: here, with no thread."""
+    ref = LazyRecorder.start(asyncio.get_running_loop())
+    ref.stop(block=True, timeout=5)
+    assert not ref.is_alive() and ref not in pykka.ActorRegistry.get_all()
+
+    ref = LazyRecorder.start(asyncio.get_running_loop())
+    actor = _owner(ref)  # noqa: F841 - held, so that its threads can be looked for after its stop
+    assert try_inline(ref, "step", "inline") is not None
+    stop_soon(ref)
+    assert not ref.is_alive() and ref not in pykka.ActorRegistry.get_all() and not _threads_of(ref)
+    with pytest.raises(pykka.ActorDeadError):
+        ref.tell(_Step("too late"))
+
+    # Busy (a request waits for its work): stopped by its thread, and the request is answered.
+    ref = LazyRecorder.start(asyncio.get_running_loop())
+    actor = _owner(ref)  # noqa: F841
+    reply = try_inline(ref, "wait_for", concurrent.futures.Future())
+    assert reply is not None
+    stop_soon(ref)
+    with pytest.raises(Unavailable):
+        await asyncio.wrap_future(reply)
+    assert not ref.is_alive()
+    for thread in _threads_of(ref):  # it ends once its stop is handled
+        thread.join(5)
+        assert not thread.is_alive()
