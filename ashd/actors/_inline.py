@@ -26,11 +26,13 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pykka
 
-from ashd.actors._aio import Later
+from ashd.actors._aio import AioActor, Later
+
+T = TypeVar("T")
 
 
 class TurnInbox(queue.Queue[Any]):
@@ -55,6 +57,48 @@ class TurnInbox(queue.Queue[Any]):
         on_put = self.on_put
         if on_put is not None:
             on_put()
+
+
+class TurnTakingActor(AioActor):
+    """An actor whose inbox is a `TurnInbox` and that handles each message holding its turn: what
+    `try_inline` and `call_inline` need to run a request of it on another thread meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inbox = self.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        inbox.owner = weakref.ref(self)
+
+    @staticmethod
+    def _create_actor_inbox() -> TurnInbox:
+        return TurnInbox()
+
+    def _handle_receive(self, message: Any) -> Any:
+        # Each message is handled holding the actor's turn, which a request handled on its caller's
+        # thread holds too: one of them at a time, each in the order it came.
+        inbox = self.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        with inbox.turn:
+            try:
+                return super()._handle_receive(message)
+            finally:
+                inbox.handled += 1
+
+
+def call_inline(ref: pykka.ActorRef[Any], fn: Callable[[Any], T]) -> tuple[bool, T | None]:
+    """`fn(actor)` on this thread if the actor (a `TurnTakingActor`) is idle and its thread has
+    started: (True, its result). (False, None): ask the actor as usual. `fn` must neither block
+    nor ask another actor, and touch only what the actor's own messages touch."""
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, TurnInbox) or inbox.owner is None:
+        return False, None
+    actor = inbox.owner()
+    if actor is None:
+        return False, None
+    with idle_turn(inbox, ref.actor_stopped) as idle:
+        if not idle or inbox.handled == 0:
+            return False, None
+        return True, fn(actor)
 
 
 @contextlib.contextmanager

@@ -24,8 +24,8 @@ import psutil
 import pykka
 
 from ashd.actors._activity import Activity
-from ashd.actors._aio import AioActor
 from ashd.actors._board import StatsBoard
+from ashd.actors._inline import TurnTakingActor
 from ashd.actors._pool_types import Launching, LossReason, PoolState, SandboxHandle, SandboxLost
 from ashd.actors._readiness import wait_bridge_ready
 from ashd.errors import CapacityError, SandboxError, ServiceError, StorageFull
@@ -97,7 +97,7 @@ class PoolConfig:
         return max(0.05, min(5.0, self.idle_timeout / 4))
 
 
-class PoolActor(AioActor):
+class PoolActor(TurnTakingActor):
     def __init__(
         self,
         config: PoolConfig,
@@ -183,20 +183,9 @@ class PoolActor(AioActor):
         """
         if not getattr(self._launcher, "disk_quota", True):
             disk_bytes = None  # no quota on this host: every sandbox serves every size
-        if not network and seccomp == "default":
-            warm = self._oldest(PoolState.WARM, disk_bytes)
-            if warm is not None:
-                self._assign(warm, tenant, session_id, PoolState.WAITING)
-                self._counters["preWarmHits"] += 1
-                self._publish()
-                self._refill_later()  # after the reply: the claim never waits for a launch
-                return self._handle(warm, prewarmed=True)
-            starting = self._oldest(PoolState.WARMING, disk_bytes)
-            if starting is not None:
-                self._assign(starting, tenant, session_id, PoolState.WARMING)
-                self._publish()
-                self._refill_later()
-                return self._handle(starting, prewarmed=False)
+        spare = self.claim_spare(tenant, session_id, network, seccomp, disk_bytes)
+        if spare is not None:
+            return spare
         self._hurry_spare()
         self._make_room()
         # Launched off this thread: a claim that is counted (capacity) and assigned at once, as a
@@ -207,6 +196,30 @@ class PoolActor(AioActor):
         entry.starting = self._launches.submit(self._launch_claimed, entry, disk_bytes, launched)
         self._publish()
         return Launching(entry.sandbox_id, launched)
+
+    def claim_spare(self, tenant: str, session_id: str, network: bool = False, seccomp: str = "default",
+                    disk_bytes: int | None = None) -> SandboxHandle | None:
+        """`claim`'s spare, pre-warmed or still warming, or None when there is none for this session.
+        Only this actor's memory and a tell to itself: a create on the loop calls it there while this
+        actor is idle (`_inline.call_inline`), without the trip to its thread and back."""
+        if not getattr(self._launcher, "disk_quota", True):
+            disk_bytes = None
+        if network or seccomp != "default":
+            return None
+        warm = self._oldest(PoolState.WARM, disk_bytes)
+        if warm is not None:
+            self._assign(warm, tenant, session_id, PoolState.WAITING)
+            self._counters["preWarmHits"] += 1
+            self._publish()
+            self._refill_later()  # after the reply: the claim never waits for a launch
+            return self._handle(warm, prewarmed=True)
+        starting = self._oldest(PoolState.WARMING, disk_bytes)
+        if starting is not None:
+            self._assign(starting, tenant, session_id, PoolState.WARMING)
+            self._publish()
+            self._refill_later()
+            return self._handle(starting, prewarmed=False)
+        return None
 
     def _handle(self, entry: _Entry, prewarmed: bool) -> SandboxHandle:
         paths = self._launcher.paths_for(entry.sandbox_id)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ashd.actors._aio import Later, call, spawn_on_loop
+from ashd.actors._inline import call_inline
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SendQuery, SentQuery, SessionDeps, TurnTicket
 from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged
@@ -287,9 +288,18 @@ class SessionActor(StagedActor):
         seccomp = deps.seccomp_profile(self.tenant, row.agent_name)
         disk_mb = config.get("diskMb") or getattr(agent, "disk_mb", None)
         disk_bytes = int(disk_mb) * 1024 * 1024 if disk_mb else None
-        claim = deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
-        # On the loop (a create, `_inline_ok`) the pool's answer is awaited; on this thread, waited for.
-        claimed = (yield call(claim, deps.ask_timeout)) if self._inline else claim.get(timeout=deps.ask_timeout)
+        spare: SandboxHandle | None = None
+        if self._inline:  # on the loop (a create, `_inline_ok`): a spare taken there while the pool is idle
+            pool_ref = getattr(deps.pool, "actor_ref", None)
+            if pool_ref is not None:
+                _, spare = call_inline(pool_ref, lambda pool: pool.claim_spare(
+                    self.tenant, self.session_id, network, seccomp, disk_bytes))
+        if spare is not None:
+            claimed: Any = spare
+        else:
+            claim = deps.pool.claim(self.tenant, self.session_id, network, seccomp, disk_bytes)
+            # On the loop the pool's answer is awaited; on this thread, waited for.
+            claimed = (yield call(claim, deps.ask_timeout)) if self._inline else claim.get(timeout=deps.ask_timeout)
         if isinstance(claimed, Launching):  # no spare: the pool launches one off its thread
             try:
                 claimed = yield claimed.handle

@@ -26,7 +26,6 @@ import contextlib
 import functools
 import logging
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pykka
 from pykka import ActorRegistry
 
-from ashd.actors._aio import AioActor, Later, pipe_to_actor
-from ashd.actors._inline import TurnInbox, idle_turn
+from ashd.actors._aio import Later, pipe_to_actor
+from ashd.actors._inline import TurnInbox, TurnTakingActor, idle_turn
 from ashd.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ def staged(handler: Callable[Concatenate[A, P], Stage[T]]) -> Callable[Concatena
     return request
 
 
-class StagedActor(AioActor):
+class StagedActor(TurnTakingActor):
     # True: `start` registers the actor without its thread, which its first message starts. A request
     # handled on its caller's thread meanwhile (`_inline.py`) needs none: a session that is created,
     # paused and resumed on the loop never starts one. Only for an actor with no `on_start`.
@@ -135,8 +134,12 @@ class StagedActor(AioActor):
             assert isinstance(inbox, TurnInbox)
             if inbox.on_put is None:
                 return
-            inbox.on_put = None
-            self._start_actor_loop()
+            on_put, inbox.on_put = inbox.on_put, None
+            try:
+                self._start_actor_loop()
+            except BaseException:  # no thread (a host out of them): the next message tries again
+                inbox.on_put = on_put
+                raise
 
     def _stop_unstarted(self) -> bool:
         """Stop this actor here when its thread never started and it has nothing to do: True when it
@@ -162,24 +165,6 @@ class StagedActor(AioActor):
         self._stage = 0  # number of the stage now on the loop; a stale outcome is ignored
         self._inline = False  # a handler runs on the caller's thread now (`_inline.try_inline`)
         self._thread_lock = threading.Lock()
-        inbox = self.actor_inbox
-        assert isinstance(inbox, TurnInbox)
-        inbox.owner = weakref.ref(self)
-
-    @staticmethod
-    def _create_actor_inbox() -> TurnInbox:
-        return TurnInbox()
-
-    def _handle_receive(self, message: Any) -> Any:
-        # Each message is handled holding the actor's turn, which a request handled on its caller's
-        # thread holds too (`_inline.py`): one of them at a time, each in the order it came.
-        inbox = self.actor_inbox
-        assert isinstance(inbox, TurnInbox)
-        with inbox.turn:
-            try:
-                return super()._handle_receive(message)
-            finally:
-                inbox.handled += 1
 
     def run_inline(self, name: str, *args: Any, **kwargs: Any) -> Later[Any] | None:
         """The staged request `name` handled on the caller's thread, which holds this actor's turn

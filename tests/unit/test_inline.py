@@ -14,7 +14,7 @@ import pykka
 import pytest
 
 from ashd.actors._aio import Later, call
-from ashd.actors._inline import try_inline
+from ashd.actors._inline import TurnTakingActor, call_inline, try_inline
 from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged, stop_soon
 from ashd.errors import BadRequest, Unavailable
 
@@ -345,3 +345,38 @@ async def test_a_lazy_actor_stopped_before_its_thread_started_stops() -> None:
     for thread in _threads_of(ref):  # it ends once its stop is handled
         thread.join(5)
         assert not thread.is_alive()
+
+
+class Counter(TurnTakingActor):
+    """A plain actor (the pool's kind) whose methods `call_inline` may run on the caller's thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bumps = 0
+
+    def bump(self) -> int:
+        self.bumps += 1
+        return threading.get_ident()
+
+    def blocked(self, gate: threading.Event) -> None:
+        gate.wait(5)
+
+
+async def test_call_inline_runs_a_method_of_an_idle_started_actor_on_the_callers_thread() -> None:
+    ref = Counter.start()
+    try:
+        assert call_inline(ref, lambda actor: actor.bump()) == (False, None)  # its thread has handled nothing yet
+        assert await call(ref.proxy().bump(), 5) != threading.get_ident()
+        assert call_inline(ref, lambda actor: actor.bump()) == (True, threading.get_ident())
+        gate = threading.Event()
+        busy = ref.proxy().blocked(gate)
+        await asyncio.sleep(0.05)
+        assert call_inline(ref, lambda actor: actor.bump()) == (False, None)  # its thread holds its turn
+        queued = ref.proxy().bump()
+        gate.set()
+        await call(busy, 5)
+        await call(queued, 5)
+        assert call_inline(ref, lambda actor: actor.bump()) == (True, threading.get_ident())
+        assert _owner(ref).bumps == 4
+    finally:
+        pykka.ActorRegistry.stop_all()
