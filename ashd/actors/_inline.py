@@ -63,6 +63,9 @@ class TurnTakingActor(AioActor):
     """An actor whose inbox is a `TurnInbox` and that handles each message holding its turn: what
     `try_inline` and `call_inline` need to run a request of it on another thread meanwhile."""
 
+    # True: the actor's thread is started by its first message, not by `start` (`StagedActor`).
+    lazy_thread = False
+
     def __init__(self) -> None:
         super().__init__()
         inbox = self.actor_inbox
@@ -86,19 +89,24 @@ class TurnTakingActor(AioActor):
 
 
 def call_inline(ref: pykka.ActorRef[Any], fn: Callable[[Any], T]) -> tuple[bool, T | None]:
-    """`fn(actor)` on this thread if the actor (a `TurnTakingActor`) is idle and its thread has
-    started: (True, its result). (False, None): ask the actor as usual. `fn` must neither block
-    nor ask another actor, and touch only what the actor's own messages touch."""
+    """`fn(actor)` on this thread if the actor (a `TurnTakingActor`) is idle and ready: (True, its
+    result). (False, None): ask the actor as usual. `fn` must neither block nor ask another actor,
+    and touch only what the actor's own messages touch."""
+    with _idle_owner(ref) as actor:
+        return (False, None) if actor is None else (True, fn(actor))
+
+
+@contextlib.contextmanager
+def _idle_owner(ref: pykka.ActorRef[Any]) -> Iterator[Any | None]:
+    """The actor behind `ref`, its turn held, when it is idle and its thread has started (its
+    `on_start` ran before its first message: `handled` > 0) or waits for its first message (a
+    `lazy_thread` actor has no `on_start` to wait for); else None."""
     inbox = ref.actor_inbox
-    if not isinstance(inbox, TurnInbox) or inbox.owner is None:
-        return False, None
-    actor = inbox.owner()
-    if actor is None:
-        return False, None
+    if not isinstance(inbox, TurnInbox) or inbox.owner is None or (actor := inbox.owner()) is None:
+        yield None
+        return
     with idle_turn(inbox, ref.actor_stopped) as idle:
-        if not idle or inbox.handled == 0:
-            return False, None
-        return True, fn(actor)
+        yield actor if idle and (inbox.handled > 0 or actor.lazy_thread) else None
 
 
 @contextlib.contextmanager
@@ -117,16 +125,6 @@ def idle_turn(inbox: TurnInbox, stopped: threading.Event) -> Iterator[bool]:
 def try_inline(ref: pykka.ActorRef[Any], name: str, *args: Any, **kwargs: Any) -> Later[Any] | None:
     """Handle the staged request `name` on this thread if the actor is idle and declares it safe:
     its answer (a `Later`, usually resolved already). None: ask the actor as usual."""
-    inbox = ref.actor_inbox
-    if not isinstance(inbox, TurnInbox) or inbox.owner is None:
-        return None
-    actor = inbox.owner()
-    if actor is None:
-        return None
-    with idle_turn(inbox, ref.actor_stopped) as idle:
-        # `handled` > 0: the actor's thread has started (its `on_start` ran before its first message).
-        # An actor whose thread waits for its first message has no `on_start` to wait for.
-        if not idle or (inbox.handled == 0 and not actor.lazy_thread):
-            return None
-        reply: Later[Any] | None = actor.run_inline(name, *args, **kwargs)
+    with _idle_owner(ref) as actor:
+        reply: Later[Any] | None = None if actor is None else actor.run_inline(name, *args, **kwargs)
         return reply

@@ -110,10 +110,9 @@ def staged(handler: Callable[Concatenate[A, P], Stage[T]]) -> Callable[Concatena
 
 
 class StagedActor(TurnTakingActor):
-    # True: `start` registers the actor without its thread, which its first message starts. A request
-    # handled on its caller's thread meanwhile (`_inline.py`) needs none: a session that is created,
-    # paused and resumed on the loop never starts one. Only for an actor with no `on_start`.
-    lazy_thread = False
+    # `lazy_thread`: `start` registers the actor without its thread, which its first message starts. A
+    # request handled on its caller's thread meanwhile (`_inline.py`) needs none: a session that is
+    # created, paused and resumed on the loop never starts one. Only for an actor with no `on_start`.
 
     @classmethod
     def start(cls, *args: Any, **kwargs: Any) -> pykka.ActorRef[Any]:
