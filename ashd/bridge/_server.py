@@ -204,7 +204,10 @@ class Connection:
                 reason = frame.get("reason")
                 if isinstance(reason, str) and reason:
                     self.interrupt_reasons[fid or ""] = reason[:200]
-                task.cancel()
+                # Once the query's task has taken its first step: cancelled before it ran (its query
+                # and this interrupt came in one read), it would never run its body, and so never
+                # send the `error` and `done` its server waits for.
+                asyncio.get_running_loop().call_soon(task.cancel)
         elif kind == p.WITHDRAW:
             self._withdraw(fid or "")
         elif kind == p.EXEC:

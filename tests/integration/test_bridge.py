@@ -108,6 +108,21 @@ async def test_interrupt_during_a_tool_call(bridge: BridgeHarness, fake_model: F
     assert results[0]["is_error"] is True
 
 
+async def test_an_interrupt_right_behind_its_query_ends_it(bridge: BridgeHarness, fake_model: FakeModel) -> None:
+    """A query and its interrupt sent back to back reach the bridge in one read, before the query's
+    task has run: the query still ends with `error` and `done` (a task cancelled before its first
+    step never runs its body, and the server would wait for them for ever)."""
+    fake_model.script("RACE-1", [{"wait": 30, "content": [{"type": "text", "text": "never seen"}]}])
+    conn = await bridge.init({})
+    for i in range(5):
+        assert conn.start_query(f"RACE-1 go {i}", query_id=f"q-race-{i}")
+        await conn.interrupt(f"q-race-{i}", reason="right away")
+        frames = await collect(conn, None, query_id=f"q-race-{i}", sent=True, timeout=20)
+        assert [f["type"] for f in frames[-2:]] == ["error", "done"]
+        assert frames[-2]["error"] == "interrupted: right away"
+    assert messages_of(await collect(conn, "after the races"))[-1]["subtype"] == "success"
+
+
 async def test_a_withdrawn_query_leaves_no_trace_in_the_conversation(bridge: BridgeHarness,
                                                                       fake_model: FakeModel) -> None:
     """`withdraw` (the server could not store the prompt it sent ahead): a running query ends with

@@ -107,7 +107,9 @@ async def test_mcp_stdio_server_tool_is_called(bridge: BridgeHarness, fake_model
     fake_model.script("MCP-1", [{"content": [tool("mcp__echo__echo", text="ping")]}, {"content": [text("mcp ok")]}])
     conn = await bridge.connect()
     init_ok = await conn.init({}, timeout=60)
-    assert init_ok["mcpServers"] == [{"name": "echo", "status": "connected"}]
+    # `init` answers while the server starts (a process and its handshake); the first query waits
+    # for it, and its first model call offers the server's tools (below).
+    assert init_ok["mcpServers"] == [{"name": "echo", "status": "pending"}]
     frames = await collect(conn, "MCP-1 go")
     results = tool_results(frames)
     assert block_text(results[0]) == "mcp-echo: ping"
@@ -115,15 +117,91 @@ async def test_mcp_stdio_server_tool_is_called(bridge: BridgeHarness, fake_model
     assert {"mcp__echo__echo", "mcp__echo__add", "Bash", "Task"} <= set(offered)
 
 
-async def test_failing_mcp_server_is_reported(bridge: BridgeHarness) -> None:
+async def test_failing_mcp_server_is_reported(bridge: BridgeHarness, fake_model: FakeModel) -> None:
     mcp = {"mcpServers": {"broken": {"command": "/no/such/mcp-server"}}}
     (bridge.workspace / ".mcp.json").write_text(json.dumps(mcp))
     logs: list[dict[str, Any]] = []
     conn = await BridgeConnection.connect(bridge.socket, 30, on_log=logs.append)
     init_ok = await conn.init({})
-    assert init_ok["mcpServers"][0]["name"] == "broken"
-    assert init_ok["mcpServers"][0]["status"] == "failed"
-    assert any(f["level"] == "error" and "broken" in f["message"] for f in logs)
+    assert init_ok["mcpServers"] == [{"name": "broken", "status": "pending"}]
+    # The first query waits for its start to end: reported by then, and the query goes on without it.
+    frames = await collect(conn, "MCP-BROKEN go")
+    assert result_of(frames)["subtype"] == "success"
+    assert any(f["level"] == "error" and "broken" in f["message"] and "failed to start" in f["message"]
+               for f in logs)
+    offered = [t["name"] for t in fake_model.requests_containing("MCP-BROKEN")[0]["body"]["tools"]]
+    assert "Bash" in offered and not any(name.startswith("mcp__") for name in offered)
+
+
+def slow_mcp(delay_s: float) -> dict[str, Any]:
+    """The echo server, started `delay_s` after its process (an `npx` server fetching itself, say)."""
+    return {"command": "sh", "args": ["-c", f'sleep {delay_s}; exec "$0" "$1"', sys.executable, str(MCP_SERVER)]}
+
+
+async def test_init_does_not_wait_for_mcp_servers_the_first_query_does(bridge: BridgeHarness,
+                                                                        fake_model: FakeModel) -> None:
+    (bridge.workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {"slow": slow_mcp(3)}}))
+    fake_model.script("MCP-SLOW", [{"content": [tool("mcp__slow__add", a=2, b=40)]}, {"content": [text("ok")]}])
+    logs: list[dict[str, Any]] = []
+    conn = await BridgeConnection.connect(bridge.socket, 30, on_log=logs.append)
+    bridge.connections.append(conn)
+    init_ok = await conn.init({})
+    assert init_ok["mcpServers"] == [{"name": "slow", "status": "pending"}]
+    assert not any("slow" in f["message"] for f in logs)  # neither connected nor failed yet
+    frames = await collect(conn, "MCP-SLOW go")
+    assert block_text(tool_results(frames)[0]) == "42"
+    assert any(f["level"] == "info" and "MCP server slow: connected" in f["message"] for f in logs)
+    offered = [t["name"] for t in fake_model.requests_containing("MCP-SLOW")[0]["body"]["tools"]]
+    assert "mcp__slow__add" in offered
+
+
+async def test_a_query_waiting_for_mcp_servers_can_be_interrupted(bridge: BridgeHarness,
+                                                                  fake_model: FakeModel) -> None:
+    # A server that never answers its handshake: the query would wait for its start's timeout (30 s).
+    mcp = {"mcpServers": {"mute": {"command": "sleep", "args": ["600"]}}}
+    (bridge.workspace / ".mcp.json").write_text(json.dumps(mcp))
+    conn = await bridge.init({})
+    waiting = asyncio.create_task(collect(conn, "MCP-WAIT go", query_id="q-mcp-wait", timeout=20))
+    await asyncio.sleep(0.5)  # the query waits for the server by now
+    assert not waiting.done()
+    await conn.interrupt("q-mcp-wait", reason="stop")
+    seen = await waiting
+    assert [f["type"] for f in seen[-2:]] == ["error", "done"]
+    assert seen[-2]["error"] == "interrupted: stop"
+    assert fake_model.requests_containing("MCP-WAIT") == []  # no model call was made
+
+
+def children_running(parent: int, argv0: str, arg: str) -> list[int]:
+    """Live processes started by `parent` as `argv0 arg`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            ppid = int(status.split("PPid:")[1].split()[0])
+            zombie = "State:\tZ" in status
+            if ppid == parent and not zombie and cmdline[:2] == [argv0.encode(), arg.encode()]:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_servers_still_starting_are_stopped_with_their_engine(bridge: BridgeHarness) -> None:
+    (bridge.workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {"mute": {"command": "sleep",
+                                                                                     "args": ["601"]}}}))
+    conn = await bridge.init({})
+    assert bridge.process is not None
+    pid = bridge.process.pid
+    async with asyncio.timeout(10):
+        while not children_running(pid, "sleep", "601"):
+            await asyncio.sleep(0.05)
+    (bridge.workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {}}))
+    await conn.init({})  # a new engine: the old one's server, still in its handshake, goes
+    async with asyncio.timeout(15):
+        while children_running(pid, "sleep", "601"):
+            await asyncio.sleep(0.05)
 
 
 async def test_skill_runs(bridge: BridgeHarness, fake_model: FakeModel) -> None:
@@ -388,7 +466,7 @@ async def test_mcp_remote_streamable_http_server(bridge: BridgeHarness, fake_mod
         fake_model.script("MCPH-1", [{"content": [tool("mcp__remote__add", a=2, b=3)]}, {"content": [text("ok")]}])
         conn = await bridge.connect()
         init_ok = await conn.init({})
-        assert init_ok["mcpServers"] == [{"name": "remote", "status": "connected"}]
+        assert init_ok["mcpServers"] == [{"name": "remote", "status": "pending"}]
         results = tool_results(await collect(conn, "MCPH-1"))
         assert block_text(results[0]) == "5"
     finally:

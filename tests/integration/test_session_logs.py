@@ -211,7 +211,12 @@ async def test_a_stopped_sessions_sandbox_lines_are_kept(lapi: Api) -> None:
     status, body = await lapi.call("POST", "/api/sessions", json={"agent": "quick", "mcpServers": servers})
     assert status == 201, body
     sid = body["session"]["id"]
-    status, _ = await lapi.call("POST", f"/api/sessions/{sid}/stop")  # at once: the stop stores what is left
+    # The engine starts its MCP servers after the create's answer, and a query waits for them: once
+    # a turn is done the server has written its line (and failed), likely before the log's tail read
+    # it (once a second). The stop, at once, stores what is left.
+    status, stream = await lapi.call("POST", f"/api/sessions/{sid}/messages", json={"content": "go"})
+    assert status == 200 and "event: done" in stream, stream
+    status, _ = await lapi.call("POST", f"/api/sessions/{sid}/stop")
     assert status == 200
     page = await logs(lapi, sid)
     assert page["source"] == "stored"

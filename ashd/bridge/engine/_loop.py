@@ -101,7 +101,9 @@ class Engine:
         return Permissions(c.permission_mode, c.allow_rules(), c.deny_rules(), c.allowed_tools, c.disallowed_tools)
 
     async def start(self) -> None:
-        await self.mcp.start()
+        # The MCP servers start in the background: `init` answers without them, and a query waits
+        # for those still starting before its first model call, which offers their tools.
+        self.mcp.begin()
         if self.config.model_socket:
             # The first turn's model call finds its connection open; opened once the server has
             # had the init's answer, so that its accept is not on the server's path to the create's.
@@ -177,17 +179,20 @@ class Engine:
         if self._query is not None:
             raise EngineError("a query is already running in this session")
         started = time.monotonic()
-        profile = self._profile(model)
         stats = RunStats()
         options = options or QueryOptions()
         structured = StructuredOutput(options.output_schema) if options.output_schema is not None else None
-        self._query = _Query(emit, include_partial, stats, profile.model, check_limits, options, structured)
+        # Running from here: a second query or a reconfigure is refused, also while MCP servers start.
+        query = self._query = _Query(emit, include_partial, stats, "", check_limits, options, structured)
         max_turns = options.max_turns or self.config.max_turns
         content = (expand_skill(self.config.workspace, prompt) if isinstance(prompt, str) else None) or prompt
         m.append_user(self.messages, content)
         # A turn that does not finish is closed in the conversation (history.close_unanswered_turn),
         # so the next prompt is never merged into its unanswered one and asked again.
         try:
+            await self.mcp.ready()  # the tools of servers still starting are offered from the first call
+            profile = self._profile(model)
+            query.model = profile.model
             subtype, text = await self._loop(self.messages, profile, None, max_turns, self._measure, self._texts)
         except ModelError as exc:
             close_unanswered_turn(self.messages, f"the model call failed: {str(exc)[:300]}")

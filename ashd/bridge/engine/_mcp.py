@@ -29,7 +29,7 @@ LogFn = Callable[[str, str], Awaitable[None]]
 @dataclass
 class McpServerState:
     name: str
-    status: str = "pending"  # connected | failed
+    status: str = "pending"  # (starting) | connected | failed | stopped
     error: str | None = None
     tools: list[Any] = field(default_factory=list)
     session: Any = None
@@ -82,13 +82,17 @@ class McpManager:
         self._env = env
         self._log = log_fn
         self.servers: dict[str, McpServerState] = {}
+        self._starting: asyncio.Future[Any] | None = None  # `begin`'s servers, until each is up or failed
 
-    async def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Start every configured server in parallel; failures are logged, never dropped."""
+    def begin(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start every configured server in parallel, in the background: a stdio server is a process
+        and its handshake, a second or more (a Python one here: 0.9 s), which a session's create
+        need not wait for. `ready` waits for them; failures are logged, never dropped."""
         try:
             config = read_mcp_config(self._workspace)
         except (OSError, ValueError) as exc:
-            await self._log("error", f"MCP: cannot read .mcp.json: {exc}")
+            self._starting = asyncio.ensure_future(self._log("error", f"MCP: cannot read .mcp.json: {exc}"))
+            self._starting.add_done_callback(_retrieve)
             return
         waits = []
         for name, spec in config.items():
@@ -97,7 +101,23 @@ class McpManager:
             ready = asyncio.Event()
             state.task = asyncio.create_task(self._run(state, spec, ready), name=f"mcp-{name}")
             waits.append(self._await_ready(state, ready, timeout))
-        await asyncio.gather(*waits)
+        if waits:
+            self._starting = asyncio.gather(*waits)
+            self._starting.add_done_callback(_retrieve)
+
+    async def ready(self) -> None:
+        """Wait until every server `begin` started has connected or failed (each within its
+        timeout). Cancelling the wait leaves the servers starting."""
+        starting = self._starting
+        if starting is None or starting.done():
+            return
+        with contextlib.suppress(Exception):  # (logged where it failed)
+            await asyncio.shield(starting)
+
+    async def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """`begin`, then `ready`."""
+        self.begin(timeout)
+        await self.ready()
 
     async def _await_ready(self, state: McpServerState, ready: asyncio.Event, timeout: float) -> None:
         try:
@@ -188,9 +208,13 @@ class McpManager:
         ]
 
     async def stop(self, timeout: float = 5.0) -> None:
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()  # no report of servers that were still starting: they are stopped
         tasks = [s.task for s in self.servers.values() if s.task is not None]
         for state in self.servers.values():
             state.stop.set()
+            if state.status == "pending" and state.task is not None:
+                state.task.cancel()  # still connecting: nothing to close cleanly yet
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -198,6 +222,12 @@ class McpManager:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=2.0)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A background start's outcome, read so that asyncio does not report it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _explain(exc: BaseException) -> str:
