@@ -7,10 +7,11 @@ model's own first byte as ashd's model proxy measured it), and the server's CPU 
 during each; then cold resume, the first frame late in one long conversation (its 20 turns to
 `--turns`, each prompt ~450 characters, and the server's CPU per turn), 4 creates at once with no
 warm sandbox, create without a warm sandbox, the server CPU time per streamed frame, frames per second through one
-server with N concurrent sessions, and the memory held by a stalled stream. Everything runs on
-loopback, the server as a separate process, and stops by itself.
+server with N concurrent sessions, and the memory held by a stalled stream; with `--mcp N`, N creates
+of an agent with one stdio MCP server (a small Python one) and the first frame of a message sent
+right after each. Everything runs on loopback, the server as a separate process, and stops by itself.
 
-    .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8] [--stalled 32]
+    .venv/bin/python scripts/bench_sessions.py [--n 30] [--concurrency 8] [--stalled 32] [--mcp 10]
     .venv/bin/python scripts/bench_sessions.py --compare URL KEY --compare-agent NAME [--compare-cold-agent NAME]
         [--compare-pid PID] [--own-mounts] [--n 30]
     .venv/bin/python scripts/bench_sessions.py --postgres postgresql://postgres@127.0.0.1:5432/test
@@ -399,6 +400,8 @@ async def main() -> None:
     parser.add_argument("--stalled", type=int, default=32, help="streams held stalled at once for the memory row")
     parser.add_argument("--frames", type=int, default=2000, help="text deltas per streamed turn")
     parser.add_argument("--turns", type=int, default=200, help="turns of the long conversation's row")
+    parser.add_argument("--mcp", type=int, default=0, metavar="N",
+                        help="also N creates of an agent with a stdio MCP server (0: not run)")
     parser.add_argument("--compare", nargs=2, metavar=("URL", "KEY"),
                         help="also run the table's rows against this server, interleaved")
     parser.add_argument("--compare-agent", default="bench", help="an agent deployed on the --compare server")
@@ -447,6 +450,7 @@ async def main() -> None:
                 cold.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
             line("cold resume (after stop)", cold)
             await long_conversation(c, model_url, args.turns, ServerCpu(proc.pid))
+            await mcp_agent(c, args.mcp)
         async with ashd_server(model_url, prewarm=0) as (url, key, _proc):
             c = Client(http, url, key)
             await c.call("POST", "/api/agents", {"name": "bench", "systemPrompt": "You benchmark."})
@@ -495,6 +499,32 @@ async def long_conversation(c: Client, model_url: str, turns: int, cpu: ServerCp
         line(f"first frame, conversation turns {label}", firsts[part],
              f"  server CPU {statistics.median(spent[part]):.2f} ms/turn")
     await c.call("DELETE", f"/api/sessions/{sid}")
+
+
+MCP_SERVER = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "mcp_echo_server.py"
+
+
+async def mcp_agent(c: Client, rounds: int) -> None:
+    """A create of an agent with one stdio MCP server (`tests/fixtures/mcp_echo_server.py`, run with
+    the server's Python), and the first frame of a message sent as soon as it answered: the engine
+    starts its MCP servers in the background, and a query waits for those still starting."""
+    if rounds <= 0:
+        return
+    files = [{"path": "AGENT.md", "content": "You benchmark."},
+             {"path": "mcp_echo.py", "content": MCP_SERVER.read_text()},
+             {"path": ".mcp.json", "content": json.dumps(
+                 {"mcpServers": {"echo": {"command": PY, "args": ["/workspace/mcp_echo.py"]}}})}]
+    await c.call("POST", "/api/agents", {"name": "bench-mcp", "files": files})
+    creates, firsts = [], []
+    for _ in range(rounds):
+        await warm_if_known(c)
+        ms, body = await timed(lambda: c.call("POST", "/api/sessions", {"agent": "bench-mcp"}))
+        creates.append(ms)
+        sid = body["session"]["id"]
+        firsts.append(await first_message_frame(c, sid, "bench-instant"))
+        await c.call("DELETE", f"/api/sessions/{sid}")
+    line("create session, agent with a stdio MCP server", creates)
+    line("  then a message's first frame at once", firsts)
 
 
 async def stalled_stream(url: str, key: str, sids: list[str], proc: psutil.Process) -> None:
