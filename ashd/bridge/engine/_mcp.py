@@ -111,8 +111,15 @@ class McpManager:
         starting = self._starting
         if starting is None or starting.done():
             return
-        with contextlib.suppress(Exception):  # (logged where it failed)
+        try:
             await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this wait was cancelled (an interrupted query)
+            # else the start was (`stop`: the engine is closing): there is nothing left to wait for
+        except Exception:  # each server's own failure was logged where it happened
+            log.debug("MCP servers' start ended with an error", exc_info=True)
 
     async def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """`begin`, then `ready`."""
