@@ -78,15 +78,27 @@ async def test_mcp_server_tool(engine: str, bridge: BridgeHarness, fake_model: F
     fake_model.script("BOTH-MCP", [{"content": [tool("mcp__echo__echo", text="ping")]}, {"content": [text("mcp ok")]}])
     conn = await bridge.connect()
     init_ok = await conn.init({"engine": engine}, timeout=90)
-    # The builtin engine's `init` does not wait for the server (its first query does); Claude Code's
-    # servers are its CLI's, whose start the SDK engine waits for.
-    status = "pending" if engine == "builtin" else "connected"
-    assert init_ok["mcpServers"] == [{"name": "echo", "status": status}]
+    # Neither engine's `init` waits for the server; the first query does, before its prompt goes.
+    assert init_ok["mcpServers"] == [{"name": "echo", "status": "pending"}]
     frames = await collect(conn, "BOTH-MCP go")
     assert "mcp-echo: ping" in json.dumps(tool_results(frames)[0])
     assert result_of(frames)["result"] == "mcp ok"
     # Offered to the model: as a tool, or (Claude Code) in its list of deferred tools.
     assert "mcp__echo__echo" in json.dumps(fake_model.requests_containing("BOTH-MCP")[0]["body"])
+
+
+async def test_a_slow_mcp_server_holds_up_the_first_query_not_init(engine: str, bridge: BridgeHarness,
+                                                                    fake_model: FakeModel) -> None:
+    # The echo server, started 3 s after its process (an `npx` server fetching itself, say).
+    slow = {"command": "sh", "args": ["-c", 'sleep 3; exec "$0" "$1"', sys.executable, str(MCP_SERVER)]}
+    (bridge.workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {"slow": slow}}))
+    fake_model.script("BOTH-SLOW-MCP", [{"content": [tool("mcp__slow__add", a=2, b=40)]}, {"content": [text("ok")]}])
+    conn = await bridge.connect()
+    init_ok = await conn.init({"engine": engine}, timeout=90)
+    assert init_ok["mcpServers"] == [{"name": "slow", "status": "pending"}]
+    frames = await collect(conn, "BOTH-SLOW-MCP go")
+    assert "42" in json.dumps(tool_results(frames)[0])
+    assert "mcp__slow__add" in json.dumps(fake_model.requests_containing("BOTH-SLOW-MCP")[0]["body"])
 
 
 async def test_skill_expands(engine: str, bridge: BridgeHarness, fake_model: FakeModel) -> None:

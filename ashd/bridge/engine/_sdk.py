@@ -24,6 +24,7 @@ from ashd.bridge.engine import _messages as m
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._forward import LoopbackForwarder
 from ashd.bridge.engine._loop import EngineError
+from ashd.bridge.engine._mcp import read_mcp_config
 from ashd.bridge.engine._model import MAX_RETRIES
 from ashd.bridge.engine._options import QueryOptions, apply_live_config
 from ashd.bridge.engine._skills import expand_skill
@@ -109,6 +110,7 @@ class SdkEngine:
         self._busy = False
         self._interrupted = False
         self._request_seq = 0
+        self._mcp_ready: asyncio.Task[None] | None = None  # the CLI's MCP servers, until none is pending
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -125,7 +127,12 @@ class SdkEngine:
         if not transcript.exists() and self.config.history:
             write_transcript(transcript, self.session_id, self.config.workspace, self.config.history)
         await self._spawn(cli, self._default_model(), resume=transcript.exists())
-        await self._wait_for_mcp()
+        # The CLI starts its MCP servers itself; `init` does not wait for them (a stdio server: a second
+        # or more), a query does, before its prompt goes: the CLI would run a turn without the tools
+        # of servers still connecting.
+        with contextlib.suppress(OSError, ValueError):  # (the CLI says what is wrong with the file)
+            self.mcp.servers = [{"name": name, "status": "pending"} for name in read_mcp_config(self.config.workspace)]
+        self._mcp_ready = asyncio.create_task(self._wait_for_mcp())
 
     def _transcript(self) -> Path:
         home = self.config.tool_env()["HOME"]
@@ -144,7 +151,21 @@ class SdkEngine:
                 return
             await asyncio.sleep(MCP_POLL_S)
 
+    async def _mcp_started(self) -> None:
+        """Wait for the CLI's MCP servers still connecting at its start (an interrupt ends the wait,
+        not the servers' start); a CLI that fails meanwhile is reported by the query itself."""
+        ready = self._mcp_ready
+        if ready is None:
+            return
+        if not ready.done():
+            await asyncio.shield(ready)
+        self._mcp_ready = None
+        if not ready.cancelled() and ready.exception() is not None:
+            log.info("the Claude Code CLI's MCP status could not be read: %s", ready.exception())
+
     async def close(self) -> None:
+        if self._mcp_ready is not None:
+            self._mcp_ready.cancel()
         await self.close_cli()
         if self._forwarder is not None:
             await self._forwarder.close()
@@ -358,6 +379,7 @@ class SdkEngine:
             raise SdkEngineError("a query is already running in this session")
         self._busy = True
         try:
+            await self._mcp_started()
             if self._interrupted:
                 await self._drain_interrupted()
             wanted = self._default_model(model)
