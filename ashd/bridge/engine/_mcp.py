@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ashd.bridge.engine._background import retrieve, wait_started
 from ashd.bridge.engine.tools._base import ToolContext, ToolResult, cap
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class McpManager:
             config = read_mcp_config(self._workspace)
         except (OSError, ValueError) as exc:
             self._starting = asyncio.ensure_future(self._log("error", f"MCP: cannot read .mcp.json: {exc}"))
-            self._starting.add_done_callback(_retrieve)
+            self._starting.add_done_callback(retrieve)
             return
         waits = []
         for name, spec in config.items():
@@ -103,28 +104,12 @@ class McpManager:
             waits.append(self._await_ready(state, ready, timeout))
         if waits:
             self._starting = asyncio.gather(*waits)
-            self._starting.add_done_callback(_retrieve)
+            self._starting.add_done_callback(retrieve)
 
     async def ready(self) -> None:
         """Wait until every server `begin` started has connected or failed (each within its
         timeout). Cancelling the wait leaves the servers starting."""
-        starting = self._starting
-        if starting is None or starting.done():
-            return
-        try:
-            await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this wait was cancelled (an interrupted query)
-            # else the start was (`stop`: the engine is closing): there is nothing left to wait for
-        except Exception:  # each server's own failure was logged where it happened
-            log.debug("MCP servers' start ended with an error", exc_info=True)
-
-    async def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        """`begin`, then `ready`."""
-        self.begin(timeout)
-        await self.ready()
+        await wait_started(self._starting, "the MCP servers' start ended with an error")
 
     async def _await_ready(self, state: McpServerState, ready: asyncio.Event, timeout: float) -> None:
         try:
@@ -229,12 +214,6 @@ class McpManager:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=2.0)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """A background start's outcome, read so that asyncio does not report it as never retrieved."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _explain(exc: BaseException) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx2
 
 from ashd import compact_json
+from ashd.bridge.engine._background import retrieve
 
 OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 API_VERSION = "2023-06-01"
@@ -148,7 +149,8 @@ class _UnixHttp:
         closed."""
         if self._spare is None and not self._closed:
             self._spare = asyncio.get_running_loop().create_task(self._connect())
-            self._spare.add_done_callback(_retrieve)
+            # One that fails to open is no error of its own: the call that takes it connects anew.
+            self._spare.add_done_callback(retrieve)
 
     async def _take_spare(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         spare, self._spare = self._spare, None
@@ -197,13 +199,6 @@ class _UnixHttp:
                 spare.result()[1].close()
         else:
             spare.cancel()
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """A spare connection that failed to open is not an error of its own (the call that takes it
-    connects anew and reports what it finds); asyncio is told its exception was seen."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _unanswered(exc: ApiConnectionError) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ashd.bridge.engine import _messages as m
+from ashd.bridge.engine._background import wait_started
 from ashd.bridge.engine._config import EngineConfig
 from ashd.bridge.engine._forward import LoopbackForwarder
 from ashd.bridge.engine._loop import EngineError
@@ -154,14 +155,8 @@ class SdkEngine:
     async def _mcp_started(self) -> None:
         """Wait for the CLI's MCP servers still connecting at its start (an interrupt ends the wait,
         not the servers' start); a CLI that fails meanwhile is reported by the query itself."""
-        ready = self._mcp_ready
-        if ready is None:
-            return
-        if not ready.done():
-            await asyncio.shield(ready)
+        await wait_started(self._mcp_ready, "the Claude Code CLI's MCP status could not be read")
         self._mcp_ready = None
-        if not ready.cancelled() and ready.exception() is not None:
-            log.info("the Claude Code CLI's MCP status could not be read: %s", ready.exception())
 
     async def close(self) -> None:
         if self._mcp_ready is not None:
