@@ -73,7 +73,9 @@ from ashd.sandboxing import (
     SandboxLauncher,
     SandboxLimits,
     SandboxSpec,
+    UpstreamRoute,
     WebhookTargets,
+    upstream_route,
 )
 from ashd.storage import (
     Agents,
@@ -168,6 +170,7 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
     failing step leaves the caller able to stop what came before it. `runner_id`: this process is
     that runner (`ashd runner`): its sessions carry the id, and its start-up pauses only its own."""
     settings = parts.settings
+    model_route = upstream_route(_model_api(settings), os.environ)  # a bad proxy stops the start here
     launcher = await _start_launcher(settings, stops)
     board = SnapshotBoard()
     # The front end's requests in flight: what can wait, waits for a quiet moment, which the loop says.
@@ -178,7 +181,7 @@ async def start(parts: StorageParts, stops: list[tuple[str, StopStep]], *,
         stops.append(("WAL checkpoints", lambda: asyncio.to_thread(checkpoints.close)))
     owed = OwedSnapshots(activity)  # snapshots that wait for a quiet moment (a pause's, a DELETE's final one)
     snapshots = _start_snapshots(settings, board, owed, stops)
-    model_proxy = _model_proxy(parts)
+    model_proxy = _model_proxy(parts, model_route)
     stops.append(("model proxy", model_proxy.close))
     webhooks = start_webhooks(parts, stops)
     # A runner owns its sessions by its runner id (which may be derived, not set), as the coordinator routes.
@@ -400,13 +403,18 @@ def _turn_driver(parts: StorageParts, sessions: Sessions, pool: Any, model_proxy
                       on_completed=completed)
 
 
-def _model_proxy(parts: StorageParts) -> ModelProxy:
+def _model_api(settings: Settings) -> str:
+    return settings.anthropic_base_url or "https://api.anthropic.com"
+
+
+def _model_proxy(parts: StorageParts, route: UpstreamRoute) -> ModelProxy:
     """The proxy meters into the configured database, like every other usage record."""
     from ashd.sandboxing import ModelPolicy
     from ashd.storage import session_spend, store_model_calls, tenant_spend
 
     db, settings = parts.db, parts.settings
-    return ModelProxy(settings.anthropic_base_url or "https://api.anthropic.com",
+    log.info("model API %s reached %s", _model_api(settings), route.describe())
+    return ModelProxy(_model_api(settings), route=route,
                       default_key=lambda: settings.anthropic_api_key,
                       policy=ModelPolicy.from_settings(settings),
                       store=lambda records: store_model_calls(db, records),

@@ -27,6 +27,7 @@ from ashd.sandboxing._types import (
     SandboxSpec,
     ShutdownRung,
 )
+from ashd.sandboxing._upstream import UpstreamRoute, upstream_route
 from ashd.sandboxing._webhook_targets import (
     GuardedResolver,
     TargetRefused,
@@ -69,6 +70,7 @@ __all__ = [
     "ShutdownRung",
     "TargetRefused",
     "TurnSummary",
+    "UpstreamRoute",
     "WebhookTargets",
     "describe_failure",
     "detect_version",
@@ -84,4 +86,5 @@ __all__ = [
     "session_models",
     "small_agent",
     "split_url",
+    "upstream_route",
 ]

@@ -46,6 +46,7 @@ from ashd.sandboxing._model_policy import (
     TokenBucket,
 )
 from ashd.sandboxing._model_records import RecordWriter, Store
+from ashd.sandboxing._upstream import UpstreamRoute
 from ashd.storage import ModelCallRecord
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,10 @@ class ModelProxy:
                  store: Store | None = None,
                  session_spend: Callable[[str], Awaitable[float]] | None = None,
                  tenant_spend: Callable[..., Awaitable[float]] | None = None,
-                 metrics: ModelMetrics | None = None, server_id: str = "") -> None:
+                 metrics: ModelMetrics | None = None, server_id: str = "",
+                 route: UpstreamRoute | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.route = route or UpstreamRoute()
         self.policy = policy or ModelPolicy()
         self._default_key = default_key
         self._timeout = timeout_s
@@ -363,15 +366,17 @@ class ModelProxy:
         headers["x-api-key"] = key
         headers["accept-encoding"] = "identity"
         headers["content-type"] = "application/json"
+        headers.update(self.route.request_headers)
         meter: UsageMeter | None = None
         status: int  # set with the meter, and read only with it
         gone = False
         broke: str | None = None
         try:
             try:
-                upstream = await self._client().post(self.base_url + request.path_qs, data=req.body, headers=headers)
+                upstream = await self._client().post(self.base_url + request.path_qs, data=req.body, headers=headers,
+                                                     proxy=self.route.proxy, proxy_headers=self.route.proxy_headers)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                log.warning("model proxy: upstream %s unreachable: %s", self.base_url, exc)
+                log.warning("model proxy: upstream %s unreachable (%s): %s", self.base_url, self.route.describe(), exc)
                 call.status, call.outcome, call.reason = 502, "error", "upstream_unreachable"
                 call.detail = f"model proxy could not reach the model API: {type(exc).__name__}"
                 return web.json_response({"type": "error", "error": {"type": "api_error", "message": call.detail}},

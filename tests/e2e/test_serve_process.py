@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.databases import PG_URL  # noqa: F401  (documents where PostgreSQL comes from)
+from tests.fixtures.forward_proxy import forward_proxy_thread
 
 
 def free_port() -> int:
@@ -196,3 +197,43 @@ def test_sessions_and_a_cold_resume_after_a_restart(short_tmp: Path, fake_model_
         assert "first-turn-e2e" in json.dumps(sent[0]["body"]["messages"])  # the history came back
     finally:
         stop(proc)
+
+
+@pytest.mark.sandbox
+def test_model_calls_go_through_the_operators_proxy(short_tmp: Path, fake_model_process: str) -> None:
+    """HTTP_PROXY with credentials, as a host whose only way out is an egress proxy has it: a turn's
+    model calls leave through it (the API's name resolves only there), and the credentials reach
+    neither the API nor the log."""
+    api = f"http://model-api.test:{fake_model_process.rsplit(':', 1)[1]}"
+    auth = "Basic b3BzOnMzY3JldA=="  # ops:s3cret
+    with forward_proxy_thread({"model-api.test": "127.0.0.1"}, require=auth) as egress:
+        data, port = short_tmp / "data", free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = start(data, port, ANTHROPIC_BASE_URL=api, ANTHROPIC_API_KEY="sk-ant-e2e",
+                     HTTP_PROXY=f"http://ops:s3cret@127.0.0.1:{egress.port}", NO_PROXY="internal.corp")
+        try:
+            key = (data / "initial-api-key").read_text().strip()
+            assert http("POST", f"{base}/api/agents", key, {"name": "egress", "systemPrompt": "hi"})[0] == 201
+            status, body = http("POST", f"{base}/api/sessions", key, {"agent": "egress"})
+            assert status == 201, body
+            events = stream(f"{base}/api/sessions/{body['session']['id']}/messages", key, "egress-turn-e2e")
+            assert events[-1] == "done" and "error" not in events, server_log(proc)
+        finally:
+            log = stop(proc)
+    assert egress.seen and all(s.proxy_authorization == auth for s in egress.seen)
+    assert all(s.request_line.startswith(f"POST {api}/v1/messages ") for s in egress.seen)
+    assert f"reached through the proxy http://127.0.0.1:{egress.port} (HTTP_PROXY)" in log
+    assert "s3cret" not in log
+    with urllib.request.urlopen(f"{fake_model_process}/_fake/requests?contains=egress-turn-e2e") as resp:
+        sent = json.loads(resp.read())["requests"]
+    assert sent and not any(name.lower().startswith("proxy-") for r in sent for name in r["headers"])
+
+
+def test_a_proxy_the_server_cannot_use_stops_the_start(short_tmp: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVICE_")}
+    env.update({"SERVICE_DATA_DIR": str(short_tmp / "d"), "SERVICE_PORT": str(free_port()),
+                "ALL_PROXY": "socks5://ops:s3cret@egress.corp:1080"})
+    result = subprocess.run([sys.executable, "-m", "ashd", "serve"], env=env, capture_output=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert b"configuration error: ALL_PROXY=" in result.stderr and b"NO_PROXY" in result.stderr
+    assert b"s3cret" not in result.stderr

@@ -26,7 +26,9 @@ from ashd.pricing import Price, PriceTable
 from ashd.sandboxing import _model_proxy
 from ashd.sandboxing._model_policy import ModelBinding, ModelPolicy, SessionModels
 from ashd.sandboxing._model_proxy import ModelProxy
+from ashd.sandboxing._upstream import upstream_route
 from ashd.storage import ModelCallRecord
+from tests.fixtures.forward_proxy import forward_proxy
 
 MODEL = "claude-sonnet-4-5"
 # $1 per million input tokens, $10 per million output: easy sums.
@@ -519,6 +521,81 @@ async def test_an_unreachable_api_is_a_recorded_502(fake_model: FakeModel) -> No
         assert float(seconds) == pytest.approx(rec.latency_ms / 1000, rel=1e-6)
         summary = proxy.end_turn("sb1", "q-1")
         assert (summary.calls, summary.cost_usd) == (1, 0)  # the reservation is given back
+
+
+async def test_calls_go_through_the_operators_proxy_which_alone_resolves_the_api(fake_model: FakeModel) -> None:
+    """HTTP_PROXY with credentials: every call goes through the proxy, authenticated to it, and the
+    API's name is resolved there only (`model-api.test` resolves nowhere else); the API sees the
+    session's key and none of the proxy's headers; the calls are metered as ever."""
+    fake_port = fake_model.url.rsplit(":", 1)[1]
+    api = f"http://model-api.test:{fake_port}"
+    auth = "Basic b3BzOnMzY3JldA=="  # ops:s3cret
+    async with forward_proxy({"model-api.test": "127.0.0.1"}, require=auth) as egress:
+        route = upstream_route(api, {"HTTP_PROXY": f"http://ops:s3cret@127.0.0.1:{egress.port}",
+                                     "NO_PROXY": "internal.corp"})
+        async with bound_to(api, route=route) as (proxy, client, stored):
+            streamed = await client.post("http://model-proxy/v1/messages", json=body("EGRESS-1", stream=True))
+            plain = await client.post("http://model-proxy/v1/messages", json=body("EGRESS-1"))
+            assert streamed.status_code == 200 and "event: message_stop" in streamed.text
+            assert plain.json()["content"][0]["text"] == "echo: EGRESS-1 hi"
+            await proxy.flush()
+            assert [(r.outcome, r.status) for r in stored] == [("ok", 200), ("ok", 200)]
+            assert all(r.input_tokens > 0 for r in stored)
+    assert len(egress.seen) == 2 and all(s.proxy_authorization == auth for s in egress.seen)
+    assert all(s.request_line == f"POST {api}/v1/messages HTTP/1.1" for s in egress.seen)
+    sent = fake_model.requests_containing("EGRESS-1")
+    assert len(sent) == 2
+    assert all(r["headers"]["x-api-key"] == "sk-bound" for r in sent)
+    assert not any(name.lower().startswith("proxy-") for r in sent for name in r["headers"])
+
+
+async def test_an_https_api_is_reached_through_a_tunnel_that_carries_the_proxys_credentials(
+        fake_model: FakeModel) -> None:
+    """For an https API the proxy is asked for a CONNECT tunnel, with the credentials on the CONNECT
+    (inside the tunnel the API would see them otherwise). The fake model speaks no TLS, so the
+    handshake through the tunnel fails: a recorded 502."""
+    authority = f"model-api.test:{fake_model.url.rsplit(':', 1)[1]}"
+    async with forward_proxy({"model-api.test": "127.0.0.1"}) as egress:
+        route = upstream_route(f"https://{authority}", {"HTTPS_PROXY": f"http://ops:s3cret@127.0.0.1:{egress.port}"})
+        async with bound_to(f"https://{authority}", route=route) as (proxy, client, stored):
+            resp = await client.post("http://model-proxy/v1/messages", json=body("TUNNEL-1"))
+            assert resp.status_code == 502
+            await proxy.flush()
+            assert [(r.outcome, r.reason) for r in stored] == [("error", "upstream_unreachable")]
+    assert [(s.request_line, s.proxy_authorization) for s in egress.seen] == [
+        (f"CONNECT {authority} HTTP/1.1", "Basic b3BzOnMzY3JldA==")]
+
+
+async def test_a_proxy_that_refuses_or_is_down_is_a_recorded_error(fake_model: FakeModel) -> None:
+    api = f"http://model-api.test:{fake_model.url.rsplit(':', 1)[1]}"
+    async with forward_proxy({"model-api.test": "127.0.0.1"}, require="Basic other") as egress:
+        route = upstream_route(api, {"HTTP_PROXY": f"http://127.0.0.1:{egress.port}"})
+        async with bound_to(api, route=route) as (proxy, client, stored):
+            resp = await client.post("http://model-proxy/v1/messages", json=body("EGRESS-407"))
+            assert resp.status_code == 407  # the proxy's answer, passed on and recorded
+            await proxy.flush()
+            assert [(r.outcome, r.status) for r in stored] == [("error", 407)]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    route = upstream_route(api, {"HTTP_PROXY": f"http://127.0.0.1:{closed}"})
+    async with bound_to(api, route=route) as (proxy, client, stored):
+        resp = await client.post("http://model-proxy/v1/messages", json=body("EGRESS-DOWN"))
+        assert resp.status_code == 502
+        assert "could not reach the model API" in resp.json()["error"]["message"]
+        await proxy.flush()
+        assert [(r.outcome, r.reason) for r in stored] == [("error", "upstream_unreachable")]
+    assert fake_model.requests_containing("EGRESS-") == []
+
+
+async def test_a_model_api_on_loopback_is_reached_directly_past_the_proxy(proxied: Harness,
+                                                                          fake_model: FakeModel) -> None:
+    async with forward_proxy() as egress:
+        route = upstream_route(fake_model.url, {"HTTP_PROXY": f"http://127.0.0.1:{egress.port}"})
+        async with bound_to(fake_model.url, route=route) as (_proxy, client, _stored):
+            resp = await client.post("http://model-proxy/v1/messages", json=body("LOOPBACK-1"))
+            assert resp.status_code == 200
+    assert egress.seen == []
 
 
 async def test_only_post_is_forwarded_and_other_paths_are_recorded(proxied: Harness, fake_model: FakeModel) -> None:
