@@ -1,10 +1,11 @@
 """How the model proxy reaches the model API: directly, or through the operator's HTTP proxy.
 
-Hosts that reach the internet only through an egress proxy name it in the variables every HTTP client
-reads (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in either case; the lower-case one wins,
-as in curl and Python's `urllib`). The Anthropic SDK and Claude Code honour them, so an operator expects the
-server's model calls to as well. They are read once, at start: aiohttp's own `trust_env` reads them
-on each request in a worker thread, a thread trip on the path of every model call.
+Hosts that reach the internet only through an egress proxy name it in the variables every HTTP
+client reads (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in either case; the lower-case
+one wins, as in curl and Python's `urllib`). The Anthropic SDK and Claude Code honour them, so an
+operator expects the server's model calls to as well. They are read once, at start: aiohttp's own
+`trust_env` reads them on each request in a worker thread, a thread trip on the path of every model
+call.
 
 A model API on this host's loopback (a local gateway, the fake model) is always reached directly, as
 Go's HTTP client does: a proxy elsewhere could not reach it.
@@ -70,7 +71,10 @@ def upstream_route(base_url: str, environ: Mapping[str, str]) -> UpstreamRoute:
     if bypass is not None and _bypassed(target.hostname or "", target.port or _PORTS.get(scheme), bypass[1]):
         return UpstreamRoute()
     name, raw = found
-    url = URL(raw if "://" in raw else f"http://{raw}")  # `proxy:3128`, as curl and urllib read it
+    try:
+        url = URL(raw if "://" in raw else f"http://{raw}")  # `proxy:3128`, as curl and urllib read it
+    except ValueError:
+        raise ConfigError(f"{name} is not a URL: give the model API's proxy as http://host:port") from None
     if url.scheme not in ("http", "https") or not url.host:
         raise ConfigError(f"{name}={_hidden(url)}: the model API's proxy must be an http:// or https:// URL "
                           "with a host (socks proxies are not supported); unset it, or list the model API's "

@@ -73,6 +73,12 @@ def test_a_proxy_that_cannot_be_used_stops_the_start(value: str) -> None:
     assert "secret" not in str(err.value)
 
 
+def test_a_proxy_that_is_not_a_url_stops_the_start_without_echoing_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        upstream_route(API, {"HTTPS_PROXY": "http://u:secret@[egress"})
+    assert "HTTPS_PROXY is not a URL" in str(err.value) and "secret" not in str(err.value)
+
+
 def test_no_proxy_entries_with_another_port_or_a_network_that_holds_the_address() -> None:
     env = {"HTTPS_PROXY": "http://egress.corp:3128"}
     assert upstream_route(API, {**env, "NO_PROXY": "api.anthropic.com:8443"}).proxy is not None
