@@ -588,8 +588,7 @@ async def test_a_proxy_that_refuses_or_is_down_is_a_recorded_error(fake_model: F
     assert fake_model.requests_containing("EGRESS-") == []
 
 
-async def test_a_model_api_on_loopback_is_reached_directly_past_the_proxy(proxied: Harness,
-                                                                          fake_model: FakeModel) -> None:
+async def test_a_model_api_on_loopback_is_reached_directly_past_the_proxy(fake_model: FakeModel) -> None:
     async with forward_proxy() as egress:
         route = upstream_route(fake_model.url, {"HTTP_PROXY": f"http://127.0.0.1:{egress.port}"})
         async with bound_to(fake_model.url, route=route) as (_proxy, client, _stored):
