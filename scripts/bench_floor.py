@@ -20,8 +20,10 @@ resume of one of its sessions in the same rounds: what ashd adds over the floor 
 between the rows (docs/performance.md, tenth pass).
 
 With `--idle` it then measures the floor's GET (and, with `--ashd`, ashd's GET) after the client
-has waited 0, 2, 20 and 200 ms before each request: what an idle moment costs the next request on
-this machine, whatever the server does (docs/performance.md, fourteenth pass).
+has waited 0, 2, 20, 200 and 1000 ms before each request: what an idle moment costs the next request
+on this machine, whatever the server does (docs/performance.md, fourteenth pass); with `--ashd`
+also a pause and a warm resume after 200 and 1000 ms, the writes that follow a quiet moment's WAL
+checkpoint (thirty-sixth pass).
 
 Both servers run the event loop `SERVICE_EVENT_LOOP` names (uvloop unless it says `asyncio`).
 """
@@ -57,7 +59,7 @@ ROWS = {
     "/actor": "floor: POST, a transaction on an actor",
 }
 ASHD_ROWS = ("ashd: GET a session", "ashd: pause", "ashd: warm resume")
-IDLE_GAPS_MS = (0, 2, 20, 200)
+IDLE_GAPS_MS = (0, 2, 20, 200, 1000)
 # The columns a session row has, roughly: the view answered and the row returned are this wide.
 COLUMNS = ("tenant_id", "agent_name", "status", "model", "config", "sandbox_id", "runner_id", "owner_id",
            "error", "parent_session_id", "created_at", "updated_at", "last_active_at")
@@ -172,22 +174,28 @@ async def timed_ms(http: aiohttp.ClientSession, method: str, url: str, headers: 
 
 
 async def idle_costs(http: aiohttp.ClientSession, url: str, ashd: tuple[Client, str] | None, n: int) -> None:
-    """Each GET after the client waited `gap` ms (the server was idle that long, or, for ashd's,
-    that long plus the floor's GET before it)."""
+    """Each request after the client waited `gap` ms (the server was idle that long, or, for ashd's,
+    that long plus the request before it). ashd's pause and resume after a second: each is the first
+    write after a quiet moment's WAL checkpoint (storage/_checkpoint.py), as a client that calls now
+    and then finds it."""
     for gap in IDLE_GAPS_MS:
-        rounds = min(n, max(20, 20_000 // max(gap, 1)))  # about 20 s of waiting at most per gap
-        floor: list[float] = []
-        mine: list[float] = []
+        rounds = min(n, max(20, 20_000 // max(gap, 1)))  # about 20 s of waiting at most per gap and row
+        times: dict[str, list[float]] = {"floor GET": [], "ashd GET": [], "ashd pause": [], "ashd warm resume": []}
         for _ in range(rounds):
             await asyncio.sleep(gap / 1000)
-            floor.append(await timed_ms(http, "GET", url + "/view", {}))
+            times["floor GET"].append(await timed_ms(http, "GET", url + "/view", {}))
             if ashd is not None:
                 c, sid = ashd
+                base = f"{c.url}/api/sessions/{sid}"
                 await asyncio.sleep(gap / 1000)
-                mine.append(await timed_ms(http, "GET", f"{c.url}/api/sessions/{sid}", c.headers))
-        line(f"after {gap} ms idle: floor GET", floor[rounds // 10:])
-        if mine:
-            line(f"after {gap} ms idle: ashd GET", mine[rounds // 10:])
+                times["ashd GET"].append(await timed_ms(http, "GET", base, c.headers))
+                if gap >= 200:
+                    for label, action in (("ashd pause", "/pause"), ("ashd warm resume", "/resume")):
+                        await asyncio.sleep(gap / 1000)
+                        times[label].append(await timed_ms(http, "POST", base + action, c.headers))
+        for label, values in times.items():
+            if values:
+                line(f"after {gap} ms idle: {label}", values[rounds // 10:])
 
 
 async def ashd_session(http: aiohttp.ClientSession, stack: contextlib.AsyncExitStack) -> tuple[Client, str]:
@@ -236,7 +244,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--ashd", action="store_true", help="also measure ashd's GET, pause and resume")
-    parser.add_argument("--idle", action="store_true", help="also measure a GET after 0, 2, 20 and 200 ms idle")
+    parser.add_argument("--idle", action="store_true",
+                        help="also measure a GET after 0, 2, 20, 200 and 1000 ms idle (and with --ashd, a pause "
+                             "and a resume after 200 and 1000)")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:

@@ -89,3 +89,69 @@ async def test_a_busy_front_end_still_gets_its_checkpoint_after_a_while(tmp_path
     finally:
         checkpoints.close()
         await db.close()
+
+
+def _log_header(path: Path) -> bytes:
+    """The write-ahead log's checkpoint sequence and salts: they change when a write starts the log
+    over (sqlite.org/fileformat.html, "WAL File Format")."""
+    with open(f"{path}-wal", "rb") as wal:
+        return wal.read(24)[12:24]
+
+
+async def test_a_quiet_checkpoint_starts_the_log_over_so_the_next_write_does_not(tmp_path: Path) -> None:
+    """The first write after a checkpoint that copied the whole log starts the log over and syncs
+    its header (synchronous=NORMAL): the checkpoint's thread does that write itself, so a request's
+    write does not; the database header's `user_version` it writes back is unchanged."""
+    path = tmp_path / "ashd.db"
+    db = await Database.open(f"sqlite+aiosqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 7")
+    quiet = threading.Event()
+    quiet.set()
+    checkpoints = WalCheckpointer(path, quiet.is_set, interval_s=0.02, at_most_s=60)
+    checkpoints.start()
+    try:
+        sessions = Sessions(db)
+        for _ in range(3):
+            await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        assert _wait(lambda: checkpoints.restarts >= 1)
+        quiet.clear()  # no checkpoint (nor restart) from here: the next write's own effect is what is seen
+        time.sleep(0.1)
+        restarted = _log_header(path)
+        row = await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
+        assert _log_header(path) == restarted  # appended to the restarted log, not started over again
+        assert (await sessions.get("t", row.id)).id == row.id
+        taken, restarts = checkpoints.checkpoints, checkpoints.restarts
+        quiet.set()
+        assert _wait(lambda: checkpoints.checkpoints > taken and checkpoints.restarts > restarts)
+        assert _wait(lambda: _in_database_file(path) == 4)
+        time.sleep(0.2)
+        # The restart's own write is not a commit to checkpoint: no checkpoint after it, ever again.
+        assert checkpoints.checkpoints == taken + 1
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+    finally:
+        checkpoints.close()
+        await db.close()
+
+
+async def test_the_restart_is_skipped_not_waited_for_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "ashd.db"
+    db = await Database.open(f"sqlite+aiosqlite:///{path}")
+    await Sessions(db).insert(Session(tenant_id="t", agent_name="a", status="active"))
+    checkpoints = WalCheckpointer(path)  # not started: its steps are called here, on a connection like its own
+    mine = sqlite3.connect(path, isolation_level=None, timeout=0)
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert checkpoints.checkpoint(mine)  # the whole log copied: a restart is due
+        writer.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        assert not checkpoints.restart_log(mine)
+        assert time.monotonic() - started < 0.5 and checkpoints.restarts == 0
+        assert not mine.in_transaction
+        writer.execute("ROLLBACK")
+        assert checkpoints.restart_log(mine) and checkpoints.restarts == 1
+    finally:
+        mine.close()
+        writer.close()
+        await db.close()
