@@ -16,10 +16,15 @@ The total is checked before work that stores more (a new session, a message, a d
 already running is not cut at the tenant limit (it has its own bound, SERVICE_TURN_MAX_STORED_MB),
 and neither is a snapshot at pause or stop (refusing it would lose the workspace): so a tenant can
 exceed its total by what its running turns and snapshots add, and is then refused until it deletes.
+The check reads a sum at most `_CACHE_SECONDS` old, or admits from one up to `_STALE_SECONDS` old
+that leaves room while a new one is taken beside the request: a tenant can also exceed its total by
+what it stored within that window.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,8 +39,16 @@ if TYPE_CHECKING:
     from ashd.storage._database import Database
     from ashd.storage._snapshots import SnapshotBoard
 
+log = logging.getLogger(__name__)
+
 MIB = 1024 * 1024
 _CACHE_SECONDS = 2.0  # the pre-check on the message path reuses a sum this fresh
+# ... and admits, from a sum up to this old that leaves room, at once, while a new sum is taken
+# beside the request: its cost grows with the tenant's sessions (12 ms at 10,000 on SQLite), and a
+# client that writes every few seconds would otherwise wait for it each time (docs/performance.md,
+# thirty-sixth pass). What it lets through is what the tenant stored within this window.
+_STALE_SECONDS = 30.0
+_REFRESH_AFTER_S = 0.1
 _COUNTED: dict[str, Any] = {"agents": Agent, "credentials": Credential, "API keys": ApiKey}
 
 
@@ -118,6 +131,7 @@ class TenantStorage:
         self._board = board
         self._settings = settings
         self._recent: dict[str, tuple[float, int]] = {}  # tenant -> (when, total bytes)
+        self._refreshing: dict[str, asyncio.Task[Holdings]] = {}  # sums taken beside a request
 
     @property
     def limit_bytes(self) -> int | None:
@@ -157,14 +171,40 @@ class TenantStorage:
         if limit is None:
             return
         recent = self._recent.get(tenant)
-        if recent is not None and time.monotonic() - recent[0] < _CACHE_SECONDS and recent[1] + adding < limit:
-            return
+        if recent is not None and recent[1] + adding < limit:
+            age = time.monotonic() - recent[0]
+            if age < _CACHE_SECONDS:
+                return
+            if age < _STALE_SECONDS:
+                self._refresh_soon(tenant)
+                return
         total = (await self.holdings(tenant)).total_bytes
         if total + adding > limit or (adding == 0 and total >= limit):
             raise QuotaExceeded(
                 f"Storage limit reached: this tenant holds {total / MIB:.1f} MiB of the {limit // MIB} MiB it may "
                 f"store (SERVICE_TENANT_STORAGE_MB), so {what} is refused. GET /api/storage shows what it holds; "
                 "delete agents or purge ended sessions (DELETE /api/sessions/{id}?purge=true) to make room")
+
+    def _refresh_soon(self, tenant: str) -> None:
+        """A new sum for `tenant`, taken beside the request that found the last one stale (one at a
+        time per tenant)."""
+        if tenant in self._refreshing:
+            return
+        task = asyncio.get_running_loop().create_task(self._refresh(tenant))
+        self._refreshing[tenant] = task
+        task.add_done_callback(lambda done: self._refreshed(tenant, done))
+
+    async def _refresh(self, tenant: str) -> Holdings:
+        # After the request's own first steps (a turn's start, its model call on its way): the sum's
+        # work would otherwise share the interpreter and the CPUs with them.
+        await asyncio.sleep(_REFRESH_AFTER_S)
+        return await self.holdings(tenant)
+
+    def _refreshed(self, tenant: str, task: asyncio.Task[Holdings]) -> None:
+        self._refreshing.pop(tenant, None)
+        if not task.cancelled() and task.exception() is not None:
+            # The stale sum ages out: past _STALE_SECONDS the next check takes the sum itself.
+            log.warning("summing a tenant's storage failed: %s", task.exception(), extra={"tenant": tenant})
 
     async def require_count_below(self, tenant: str, kind: str) -> None:
         """409 when the tenant already has as many `kind` ("agents", "credentials", "API keys") as allowed."""
