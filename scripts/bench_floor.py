@@ -175,9 +175,9 @@ async def timed_ms(http: aiohttp.ClientSession, method: str, url: str, headers: 
 
 async def idle_costs(http: aiohttp.ClientSession, url: str, ashd: tuple[Client, str] | None, n: int) -> None:
     """Each request after the client waited `gap` ms (the server was idle that long, or, for ashd's,
-    that long plus the request before it). ashd's pause and resume after a second: each is the first
-    write after a quiet moment's WAL checkpoint (storage/_checkpoint.py), as a client that calls now
-    and then finds it."""
+    that long plus the request before it). ashd's pause and resume after 200 and 1000 ms: writes
+    that follow a quiet moment's WAL checkpoint (storage/_checkpoint.py), as a client that calls now
+    and then sends them."""
     for gap in IDLE_GAPS_MS:
         rounds = min(n, max(20, 20_000 // max(gap, 1)))  # about 20 s of waiting at most per gap and row
         times: dict[str, list[float]] = {"floor GET": [], "ashd GET": [], "ashd pause": [], "ashd warm resume": []}

@@ -4,9 +4,11 @@ end is quiet."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from ashd.storage import Database, Session, WalCheckpointer
@@ -40,10 +42,22 @@ def _wait(cond: object, timeout: float = 10.0) -> bool:
     return False
 
 
+@contextlib.asynccontextmanager
+async def _checkpointed(path: Path, quiet: Callable[[], bool],
+                        at_most_s: float) -> AsyncIterator[tuple[Database, WalCheckpointer]]:
+    """A database on `path`, with its checkpoint thread started (a tick every 20 ms)."""
+    db = await Database.open(f"sqlite+aiosqlite:///{path}")
+    checkpoints = WalCheckpointer(path, quiet, interval_s=0.02, at_most_s=at_most_s)
+    checkpoints.start()
+    try:
+        yield db, checkpoints
+    finally:
+        checkpoints.close()
+        await db.close()
+
+
 async def test_committed_rows_reach_the_database_file_in_a_quiet_moment(tmp_path: Path) -> None:
     path = tmp_path / "ashd.db"
-    db = await Database.open(f"sqlite+aiosqlite:///{path}")
-    assert db.sqlite_file == path
     quiet = threading.Event()
     asked: list[float] = []
 
@@ -51,9 +65,8 @@ async def test_committed_rows_reach_the_database_file_in_a_quiet_moment(tmp_path
         asked.append(time.monotonic())
         return quiet.is_set()
 
-    checkpoints = WalCheckpointer(path, is_quiet, interval_s=0.02, at_most_s=60)
-    checkpoints.start()
-    try:
+    async with _checkpointed(path, is_quiet, at_most_s=60) as (db, checkpoints):
+        assert db.sqlite_file == path
         sessions = Sessions(db)
         before = _in_database_file(path)
         for _ in range(5):
@@ -70,25 +83,16 @@ async def test_committed_rows_reach_the_database_file_in_a_quiet_moment(tmp_path
         assert checkpoints.checkpoints == taken  # nothing written since: no checkpoint
         await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
         assert _wait(lambda: _in_database_file(path) == before + 6)
-    finally:
-        checkpoints.close()
-        await db.close()
 
 
 async def test_a_busy_front_end_still_gets_its_checkpoint_after_a_while(tmp_path: Path) -> None:
     path = tmp_path / "ashd.db"
-    db = await Database.open(f"sqlite+aiosqlite:///{path}")
-    checkpoints = WalCheckpointer(path, lambda: False, interval_s=0.02, at_most_s=0.3)  # never quiet
-    checkpoints.start()
-    try:
+    async with _checkpointed(path, lambda: False, at_most_s=0.3) as (db, _checkpoints):  # never quiet
         before = _in_database_file(path)
         started = time.monotonic()
         await Sessions(db).insert(Session(tenant_id="t", agent_name="a", status="active"))
         assert _wait(lambda: _in_database_file(path) == before + 1)
         assert time.monotonic() - started >= 0.25  # not at the first tick: it waited for a quiet moment first
-    finally:
-        checkpoints.close()
-        await db.close()
 
 
 def _log_header(path: Path) -> bytes:
@@ -103,14 +107,11 @@ async def test_a_quiet_checkpoint_starts_the_log_over_so_the_next_write_does_not
     its header (synchronous=NORMAL): the checkpoint's thread does that write itself, so a request's
     write does not; the database header's `user_version` it writes back is unchanged."""
     path = tmp_path / "ashd.db"
-    db = await Database.open(f"sqlite+aiosqlite:///{path}")
-    with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA user_version = 7")
     quiet = threading.Event()
     quiet.set()
-    checkpoints = WalCheckpointer(path, quiet.is_set, interval_s=0.02, at_most_s=60)
-    checkpoints.start()
-    try:
+    async with _checkpointed(path, quiet.is_set, at_most_s=60) as (db, checkpoints):
+        with sqlite3.connect(path) as conn:
+            conn.execute("PRAGMA user_version = 7")
         sessions = Sessions(db)
         for _ in range(3):
             await sessions.insert(Session(tenant_id="t", agent_name="a", status="active"))
@@ -130,9 +131,6 @@ async def test_a_quiet_checkpoint_starts_the_log_over_so_the_next_write_does_not
         assert checkpoints.checkpoints == taken + 1
         with sqlite3.connect(path) as conn:
             assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
-    finally:
-        checkpoints.close()
-        await db.close()
 
 
 async def test_the_restart_is_skipped_not_waited_for_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
