@@ -12,6 +12,7 @@ import contextlib
 import logging
 import re
 import socket
+from pathlib import Path
 from typing import cast
 
 from aiohttp import web
@@ -22,6 +23,20 @@ log = logging.getLogger(__name__)
 CLIENT_READ_TIMEOUT = 30.0  # a client that takes no bytes for this long is cut off
 PING_INTERVAL = 15.0  # a `: ping` comment on a quiet stream, so proxies keep it open
 _SNDBUF = 16 * 1024  # asked per stream; Linux doubles it: 32 KiB a stalled client holds, plus a frame
+
+
+def _autotuned_max() -> int:
+    """The most the kernel's autotuning gives a TCP socket's send buffer (`tcp_wmem`'s third value)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 * 1024 * 1024  # Linux's default
+
+
+# What a connection's send buffer is given back when its stream ends. The stream's setting locked
+# the buffer's size (the kernel no longer tunes it), so it gets the most tuning would have given it,
+# as far as the host's `net.core.wmem_max` lets an unprivileged setting go.
+_SNDBUF_AFTER = _autotuned_max() // 2  # asked: Linux doubles it
 
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -56,10 +71,7 @@ class SseSink:
         await response.prepare(request)
         transport = request.transport
         if transport is not None:
-            sock = transport.get_extra_info("socket")
-            if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+            _tcp_send_buffer(transport, _SNDBUF)
             transport.set_write_buffer_limits(high=0)
         return cls(response, read_timeout)
 
@@ -121,5 +133,21 @@ class SseSink:
     async def close(self) -> None:
         """The stream ends: aiohttp writes its end (the last chunk) when the handler returns the
         response, which every caller does right after (for a client already gone that write fails
-        and aiohttp drops the connection)."""
+        and aiohttp drops the connection).
+
+        The connection may outlive its stream (HTTP keep-alive: an SDK's next request, nginx's
+        connection to its upstream), so its buffers are given back: left at a stream's size, the
+        next large answer on it crawled (a 271 KB session list on loopback 1 ms -> 176 ms, the
+        kernel waiting on a 32 KiB buffer; docs/performance.md, thirty-seventh pass)."""
         self.response.stop_streaming()
+        transport = self.response._req.transport if self.response._req else None
+        if self.alive and transport is not None and not transport.is_closing():
+            _tcp_send_buffer(transport, _SNDBUF_AFTER)
+            transport.set_write_buffer_limits()  # the event loop's defaults
+
+
+def _tcp_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
+    sock = transport.get_extra_info("socket")
+    if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)

@@ -14,6 +14,7 @@ import socket
 import termios
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,6 +171,71 @@ async def test_a_stalled_reader_holds_the_producer_within_the_bound(serve: Any) 
     assert body.count(b"event: message") == FRAMES
     ids = [int(line[4:]) for line in body.split(b"\n") if line.startswith(b"id: ")]
     assert ids == list(range(FRAMES))  # each frame carries its id, for Last-Event-ID replay
+
+
+async def _response(sock: socket.socket, timeout: float = 30.0) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 response's head and body from a keep-alive connection (a Content-Length body or
+    a chunked one), reading no further."""
+    loop, buf = asyncio.get_running_loop(), bytearray()
+    async with asyncio.timeout(timeout):
+        while b"\r\n\r\n" not in buf:
+            buf += await loop.sock_recv(sock, 65536)
+        head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+        body = bytearray(rest)
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), None)
+        while not (len(body) >= length if length is not None else body.endswith(b"0\r\n\r\n")):
+            body += await loop.sock_recv(sock, 65536)
+    return head, bytes(body)
+
+
+async def test_a_connection_kept_alive_after_its_stream_gets_its_buffers_back() -> None:
+    # An SDK (or nginx, to its upstream) sends its next request on the connection a stream used.
+    # That request's answer must not crawl through a stream's 32 KiB send buffer.
+    transports: list[Any] = []
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        sink = await SseSink.open(request)
+        transports.append(request.transport)
+        for n in range(3):
+            assert await sink.send("message", FRAME, n)
+        server_socket = request.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert server_socket.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == SERVER_SNDBUF
+        await sink.close()
+        return sink.response
+
+    big = b"y" * (2 * 1024 * 1024)
+
+    async def large(_request: web.Request) -> web.Response:
+        return web.Response(body=big)
+
+    app = web.Application()
+    app.router.add_post("/stream", stream)
+    app.router.add_get("/big", large)
+    server = TestServer(app)
+    await server.start_server()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_connect(sock, (server.host, server.port))
+        await loop.sock_sendall(sock, b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        head, body = await _response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body.count(b"event: message") == 3
+        [transport] = transports
+        server_socket = transport.get_extra_info("socket")
+        wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+        given = server_socket.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        assert given == 2 * min(_sse._SNDBUF_AFTER, wmem_max) and given > 4 * SERVER_SNDBUF
+        assert transport.get_write_buffer_limits()[1] > 0  # no longer a limit of zero
+        # The next request on the same connection gets its whole answer.
+        await loop.sock_sendall(sock, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = await _response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == big
+        assert transports == [transport] and not transport.is_closing()  # it was the same connection
+    finally:
+        sock.close()
+        await server.close()
 
 
 async def test_a_reader_stalled_past_the_timeout_is_cut_off(serve: Any) -> None:
