@@ -20,7 +20,7 @@ from ashd.http._json import (
     tenant,
 )
 from ashd.http._keys import COMPONENTS, backend
-from ashd.storage import SessionLogs, Sessions, new_id, session_json
+from ashd.storage import SessionLogs, Sessions, new_id
 
 routes = web.RouteTableDef()
 PERMISSION_MODES = ("bypassPermissions", "permissionsByAgent", "default")
@@ -138,8 +138,7 @@ async def _with_session_id(sessions: Sessions, ten: str, session_id: str, exc: S
 @routes.get("/api/sessions")
 async def list_sessions(request: web.Request) -> web.Response:
     agent = request.query.get("agent") or None
-    rows = await _stored(request).list(tenant(request), agent)
-    return ok({"sessions": [session_json(r) for r in rows]})
+    return ok({"sessions": await _stored(request).list_views(tenant(request), agent)})
 
 
 @routes.get("/api/sessions/{id}")

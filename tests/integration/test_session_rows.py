@@ -121,11 +121,29 @@ async def test_get_and_list_are_per_tenant_newest_first(db: Database) -> None:
     assert (await sessions.get("acme", first.id)).id == first.id
     with pytest.raises(NotFound):
         await sessions.get("globex", first.id)
-    assert [r.id for r in await sessions.list("acme", None)] == [second.id, first.id, zeroth.id]
-    assert [r.id for r in await sessions.list("acme", "a")] == [first.id]
-    assert [r.id for r in await sessions.list("acme", "b")] == [second.id]
-    assert [r.id for r in await sessions.list("acme", None, limit=1)] == [second.id]
+    assert [v["id"] for v in await sessions.list_views("acme", None)] == [second.id, first.id, zeroth.id]
+    assert [v["id"] for v in await sessions.list_views("acme", "a")] == [first.id]
+    assert [v["id"] for v in await sessions.list_views("acme", "b")] == [second.id]
+    assert [v["id"] for v in await sessions.list_views("acme", None, limit=1)] == [second.id]
     assert (await sessions.get_any(first.id)) is not None and await sessions.get_any("nope") is None
+
+
+async def test_a_listed_session_is_the_view_of_its_whole_row(db: Database) -> None:
+    # The list reads only the columns the view shows: every field of a session's view, the masked
+    # ones and those shown only when set, is the same in the list as from the whole row.
+    sessions = Sessions(db)
+    config = {"systemPrompt": "be brief", "mcpServers": {"m": {"env": {"K": "v"}}}, "extraEnvKeys": ["DB_PASS"],
+              "network": {"allow": ["x.org"]}, "diskMb": 64, "subagents": {"r": {"prompt": "p"}}}
+    full = await sessions.insert(Session(
+        id="s-full", tenant_id="acme", agent_name="a", sandbox_id="sb", status="error", model="m1",
+        runner_id="r-1", parent_session_id="s-parent", config=json.dumps(config), credential_id="cred-1",
+        env_ciphertext=b"\x00", error="boom"))
+    bare = await sessions.insert(Session(id="s-bare", tenant_id="acme", agent_name="a", status="paused"))
+    listed = {v["id"]: v for v in await sessions.list_views("acme", None)}
+    for row in (full, bare):
+        assert listed[row.id] == session_json(await sessions.get("acme", row.id))
+    assert listed[full.id]["extraEnv"] == {"DB_PASS": "***"} and listed[full.id]["mcpServers"]["m"]["env"] == \
+        {"K": "***"} and listed[full.id]["error"] == "boom" and listed[full.id]["parentSessionId"] == "s-parent"
 
 
 async def test_a_transition_sets_the_status_and_stores_its_event(db: Database) -> None:

@@ -421,10 +421,10 @@ async def test_a_creation_failure_of_any_kind_leaves_the_session_in_error(machin
     with pytest.raises(ServiceError) as failed:
         await machine.create(env=foreign)
     assert failed.value.status_code == 500
-    [row] = await machine.sessions.list(TENANT, "helper")
-    assert row.status == "error" and row.error is not None
-    assert failed.value.message.startswith("Sandbox creation failed") and "server log" in row.error
-    assert await machine.lifecycle(row.id) == ["error"]
+    [view] = await machine.sessions.list_views(TENANT, "helper")
+    assert view["status"] == "error" and view["error"] is not None
+    assert failed.value.message.startswith("Sandbox creation failed") and "server log" in view["error"]
+    assert await machine.lifecycle(view["id"]) == ["error"]
     assert machine.counts() == {}  # nothing was claimed
 
 
@@ -488,8 +488,8 @@ async def test_a_failed_start_releases_its_sandbox(machine: Machine) -> None:
     with pytest.raises(ServiceError) as failed:  # no AGENT.md: the copy into the workspace refuses
         await machine.create("gone")
     assert failed.value.status_code == 500 and "AGENT.md" in failed.value.message
-    [row] = await machine.sessions.list(TENANT, "gone")
-    assert (row.status, row.error) == ("error", failed.value.message)
+    [row] = await machine.sessions.list_views(TENANT, "gone")
+    assert (row["status"], row["error"]) == ("error", failed.value.message)
     wait_for(lambda: machine.counts() == {}, T, "the failed session's sandbox released")
 
 
@@ -525,8 +525,8 @@ async def test_a_setup_that_runs_past_the_setup_timeout_is_cut_off_with_the_setu
         with pytest.raises(ServiceError) as failed:
             await m.create()
         assert "setup.sh timed out after 3s" in failed.value.message
-        [row] = await m.sessions.list(TENANT, "helper")
-        assert (row.status, row.error) == ("error", failed.value.message)
+        [row] = await m.sessions.list_views(TENANT, "helper")
+        assert (row["status"], row["error"]) == ("error", failed.value.message)
 
 
 async def until(condition: Any, what: str) -> None:
@@ -928,8 +928,8 @@ async def test_a_session_whose_credential_is_gone_fails_to_start_with_404(machin
     with pytest.raises(ServiceError) as failed:
         await machine.create(credential_id="cred-gone")
     assert (failed.value.status_code, failed.value.message) == (404, "Credential cred-gone not found")
-    [row] = await machine.sessions.list(TENANT, "helper")
-    assert (row.status, row.error) == ("error", "Credential cred-gone not found")
+    [row] = await machine.sessions.list_views(TENANT, "helper")
+    assert (row["status"], row["error"]) == ("error", "Credential cred-gone not found")
     assert machine.counts() == {}
 
 
