@@ -114,20 +114,22 @@ async def fresh_database(admin_url: str) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def ashd_server(model_url: str, prewarm: int,
-                      extra_env: dict[str, str] | None = None) -> AsyncIterator[tuple[str, str, psutil.Process]]:
+async def ashd_server(model_url: str, prewarm: int, extra_env: dict[str, str] | None = None,
+                      data: Path | None = None) -> AsyncIterator[tuple[str, str, psutil.Process]]:
+    """An ashd process on a fresh data directory, removed after it; or on `data`, kept (a server
+    started again on what an earlier one stored)."""
     async with contextlib.AsyncExitStack() as stack:
         if POSTGRES and "SERVICE_DATABASE_URL" not in (extra_env or {}):
             extra_env = {**(extra_env or {}), "SERVICE_DATABASE_URL": await stack.enter_async_context(
                 fresh_database(POSTGRES))}
-        async with _ashd_server(model_url, prewarm, extra_env) as server:
+        async with _ashd_server(model_url, prewarm, extra_env, data) as server:
             yield server
 
 
 @contextlib.asynccontextmanager
-async def _ashd_server(model_url: str, prewarm: int,
-                       extra_env: dict[str, str] | None) -> AsyncIterator[tuple[str, str, psutil.Process]]:
-    data = Path(tempfile.mkdtemp(prefix="ashd-bench-", dir="/tmp"))
+async def _ashd_server(model_url: str, prewarm: int, extra_env: dict[str, str] | None,
+                       kept: Path | None) -> AsyncIterator[tuple[str, str, psutil.Process]]:
+    data = kept or Path(tempfile.mkdtemp(prefix="ashd-bench-", dir="/tmp"))
     port = free_port()
     env = {**os.environ, "SERVICE_DATA_DIR": str(data / "d"), "SERVICE_PORT": str(port),
            "SERVICE_HOST": "127.0.0.1", "SERVICE_PREWARM": str(prewarm), "SERVICE_RATE_LIMIT_RPS": "100000",
@@ -156,7 +158,8 @@ async def _ashd_server(model_url: str, prewarm: int,
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        shutil.rmtree(data, ignore_errors=True)
+        if kept is None:
+            shutil.rmtree(data, ignore_errors=True)
 
 
 class Client:
