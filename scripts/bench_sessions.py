@@ -80,7 +80,10 @@ async def wait_http(url: str, timeout: float = 60) -> None:
 @contextlib.asynccontextmanager
 async def fake_model() -> AsyncIterator[str]:
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "ashd.devtools.fake_model", "--port", str(port)],
+    # One request kept, not the CLI's 1,000: each holds its whole conversation, and a long one's
+    # thousand copies made the fake's collector pause for 20-280 ms every 50-100 calls, in the
+    # model's first byte (docs/performance.md, thirty-seventh pass). No benchmark reads them.
+    proc = subprocess.Popen([PY, "-m", "ashd.devtools.fake_model", "--port", str(port), "--keep-requests", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
