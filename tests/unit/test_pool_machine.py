@@ -275,6 +275,31 @@ def test_a_sandbox_held_from_its_sessions_thread_is_neither_evicted_nor_swept(ma
     assert {pool.next_loss().session_id, pool.next_loss().session_id} == {"busy", "fourth"}  # both idle now
 
 
+def test_holds_and_unholds_keep_the_counts_of_every_state(make_pool: Callable[..., Pool]) -> None:
+    """A turn's start and end move one count each (without counting every sandbox again); what
+    changes in between, a claim or a release, counts them all: the counts always add up."""
+    pool = make_pool(max_capacity=5, prewarm=1)
+    pool.wait_counts({"warm": 1})
+    handles = [pool.claim("t", f"s{i}") for i in range(3)]
+    for handle in handles:
+        pool.ready(handle)
+    first, second, third = handles
+    assert first.hold is not None and second.hold is not None
+    assert first.unhold is not None and second.unhold is not None
+    first.hold()
+    second.hold()
+    pool.wait_counts({"running": 2, "waiting": 1, "warm": 1})
+    first.unhold()
+    pool.wait_counts({"running": 1, "waiting": 2, "warm": 1})
+    pool.actor.release(third.sandbox_id).get(timeout=ASK)
+    pool.wait_counts({"running": 1, "waiting": 1, "warm": 1})
+    first.hold()
+    pool.wait_counts({"running": 2, "warm": 1})
+    first.unhold()
+    second.unhold()
+    pool.wait_counts({"waiting": 2, "warm": 1})
+
+
 def test_a_sandbox_taken_away_cannot_be_held_and_the_pool_says_so_after_its_snapshot(
         make_pool: Callable[..., Pool]) -> None:
     pool = make_pool(max_capacity=1)
