@@ -129,6 +129,7 @@ async def held_server(model_url: str, http: aiohttp.ClientSession,
     client and an old session's id."""
     data = Path(tempfile.mkdtemp(prefix="ashd-held-", dir="/tmp"))
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(shutil.rmtree, data, ignore_errors=True)  # after the server, whatever happened
         env: dict[str, str] = {}
         if bs.POSTGRES:
             env["SERVICE_DATABASE_URL"] = await stack.enter_async_context(bs.fresh_database(bs.POSTGRES))
@@ -147,7 +148,6 @@ async def held_server(model_url: str, http: aiohttp.ClientSession,
             label = f"server start to /health, {2 * per_tenant:,} held"
             print(f"{label:<42} {(time.perf_counter() - t0) * 1000:8.0f} ms")
             yield Client(http, url, key), template
-        shutil.rmtree(data, ignore_errors=True)
 
 
 async def reads(c: Client, old: str, out: dict[str, list[float]]) -> None:
@@ -174,8 +174,7 @@ async def main() -> None:
                 side: {row: [] for row in (*TABLE, *READS)} for side in ("empty", "held")}
             sides = [("empty", empty, empty_old), ("held", held, old)]
             # Interleaved, so that both servers see the same load, each first in every other round;
-            # the table's rounds first, then the reads, whose long lists would otherwise leave their
-            # garbage to the next round's rows.
+            # the table's rounds first, then the reads, so that no long list sits between two rows.
             for i in range(args.n):
                 for side, c, _sid in sides[::1 - 2 * (i % 2)]:
                     await table_round(c, "bench", rows[side], gets=10)
