@@ -127,6 +127,9 @@ class _Tail:
     # A new session's row being inserted meanwhile (`SessionActor.create`): its lines wait in the
     # file until it is stored, and are not stored at all if it never is.
     ready: asyncio.Future[Any] | None = None
+    # Set, under `lock`, when `detach` closes `fd`. A sweep or flush that took the tail before must
+    # not touch it after: the number may be another file's by then (the next sandbox's log).
+    closed: bool = False
 
 
 class LogTails:
@@ -173,8 +176,10 @@ class LogTails:
         try:
             await self._collect(tail, final=True)
         finally:
-            if tail.fd is not None:
-                os.close(tail.fd)
+            async with tail.lock:
+                tail.closed = True
+                if tail.fd is not None:
+                    os.close(tail.fd)
 
     async def flush(self, session_id: str) -> None:
         """Store the session's new lines now (a reader asking for them should not wait a sweep)."""
@@ -194,16 +199,22 @@ class LogTails:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            for tail in list(self._tails.values()):
-                try:
-                    await self._collect(tail, final=False)
-                except StorageError as exc:  # a full data disk is an operator's outage, not a bug: no traceback
-                    log.warning("could not store sandbox log lines: %s", exc.message,
-                                extra={"sessionId": tail.session_id})
-                except Exception:
-                    log.exception("could not store sandbox log lines", extra={"sessionId": tail.session_id})
+            await self.sweep()
+
+    async def sweep(self) -> None:
+        """Store every followed file's new lines."""
+        for tail in list(self._tails.values()):
+            try:
+                await self._collect(tail, final=False)
+            except StorageError as exc:  # a full data disk is an operator's outage, not a bug: no traceback
+                log.warning("could not store sandbox log lines: %s", exc.message,
+                            extra={"sessionId": tail.session_id})
+            except Exception:
+                log.exception("could not store sandbox log lines", extra={"sessionId": tail.session_id})
 
     async def _collect(self, tail: _Tail, *, final: bool) -> None:
+        if tail.closed:
+            return
         if not final and tail.fd is not None and os.fstat(tail.fd).st_size == tail.offset:
             return  # nothing new (the common case): no trip to a worker thread
         if tail.ready is not None:
@@ -213,6 +224,8 @@ class LogTails:
                 return
             tail.ready = None
         async with tail.lock:
+            if tail.closed:
+                return
             lines = await asyncio.to_thread(_read_new, tail, final)
             if lines:
                 await self.logs.add(tail.session_id, tail.tenant, lines, source="sandbox")

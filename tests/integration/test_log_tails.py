@@ -4,6 +4,8 @@ per-session bound with its byte accounting."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -100,3 +102,34 @@ async def test_a_session_keeps_its_newest_lines(db: Database) -> None:
         '{"action": "setup", "step": "setup.sh", "level": "stdout", "text": "s1", "index": 1}']
     # What the session holds counts the events like any; log lines are bounded by their count instead.
     assert await _stored_bytes(db, sid) - before == sum(len(e["data"]) for e in events)
+
+
+async def test_a_sweep_never_reads_a_tail_detached_while_it_ran(db: Database, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    # A sweep walks the tails it saw when it began. One of them detached meanwhile has its file
+    # closed, and the next file opened (another session's sandbox log) may get the same descriptor
+    # number: the sweep must neither fail on it nor store the other session's lines as this one's.
+    a, b, c = [await _session(db) for _ in range(3)]
+    paths = {sid: tmp_path / f"{name}.log" for sid, name in ((a, "a"), (b, "b"), (c, "c"))}
+    for path in paths.values():
+        path.write_text("")
+    tails = LogTails(SessionLogs(db), interval=3600)  # swept here by hand
+    await tails.attach(a, "t", paths[a])
+    await tails.attach(b, "t", paths[b])
+    lines = {a: ["a wrote this"], b: ["b wrote this"], c: ["c wrote this", "and more than b"]}
+    for sid, path in paths.items():
+        path.write_text("".join(f"{line}\n" for line in lines[sid]))
+    held = tails._tails[a].lock
+    await held.acquire()  # the sweep waits inside a's turn while b goes and c comes
+    sweep = asyncio.get_running_loop().create_task(tails.sweep())
+    await asyncio.sleep(0)
+    await tails.detach(b)
+    await tails.attach(c, "t", paths[c], from_start=True)  # the descriptor b had, most likely
+    held.release()
+    with caplog.at_level(logging.ERROR, logger="ashd.actors._session_logs"):
+        await sweep
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    await tails.flush(c)
+    for sid in (a, b, c):
+        assert [x["text"] for x in await SessionLogs(db).list("t", sid, -1, 100)] == lines[sid]
+    await tails.close()
