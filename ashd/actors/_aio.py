@@ -36,6 +36,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class ActorGone(Unavailable):
+    """The actor asked had stopped: the request was not handled (pykka fails each message still in
+    a stopping actor's inbox, and every ask after). Asking a new actor for the same thing is safe."""
+
+
 class Later(concurrent.futures.Future[T]):
     """An actor's answer given after its handler returned: the caller's future resolves with it.
 
@@ -138,7 +143,23 @@ async def call(future: pykka.Future[T] | concurrent.futures.Future[T], timeout: 
     except TimeoutError as exc:
         raise Unavailable("an internal component did not answer in time; try again") from exc
     except pykka.ActorDeadError as exc:
-        raise Unavailable("the service is shutting down or a component stopped; try again") from exc
+        raise ActorGone("the service is shutting down or a component stopped; try again") from exc
+
+
+def forget(future: pykka.Future[Any], what: str) -> None:
+    """An ask nobody awaits (a tell that keeps pykka's rule: a failing tell stops the actor): its
+    outcome is taken, so that asyncio does not log a failure as never retrieved. An actor that had
+    stopped has nothing left to do it for; any other failure is logged, as `what` it was doing."""
+    aio = getattr(future, "aio", None)
+    if aio is None:
+        return
+
+    def taken(fut: asyncio.Future[Any]) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None and not isinstance(exc, pykka.ActorDeadError):
+            log.warning("%s failed: %s", what, exc)
+
+    aio.add_done_callback(taken)
 
 
 async def stop_actor(ref: pykka.ActorRef[Any], timeout: float) -> None:

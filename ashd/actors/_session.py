@@ -20,9 +20,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ashd.actors._aio import Later, call, spawn_on_loop
+from ashd.actors._aio import ActorGone, Later, call, spawn_on_loop
 from ashd.actors._inline import call_inline
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SendQuery, SentQuery, SessionDeps, TurnTicket
@@ -37,7 +37,6 @@ from ashd.errors import (
     ServiceError,
     StorageError,
     StorageFull,
-    Unavailable,
 )
 from ashd.sandboxing import prepare_workspace, small_agent
 from ashd.storage import (
@@ -50,6 +49,7 @@ from ashd.storage import (
     storage_failure,
 )
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 # A DELETE handled on the loop (`_inline_ok`) walks the workspace there only up to this many entries
 # (a new agent's is a few dozen: a fraction of a millisecond); a larger one is walked on this
@@ -423,9 +423,13 @@ class SessionActor(StagedActor):
         if self.turn is not None:
             waiter: Later[dict[str, Any]] = Later()
             self._pause_waiters.append(waiter)
-            if len(self._pause_waiters) == 1:
-                turn = self.turn
-                yield turn.connection.interrupt(turn.query_id, reason="session paused")
+            turn = self.turn
+            # A turn whose sandbox a stop or a DELETE let go is ending by itself already.
+            if len(self._pause_waiters) == 1 and turn.connection is self.conn:
+                try:
+                    yield turn.connection.interrupt(turn.query_id, reason="session paused")
+                except SandboxError:  # its bridge went meanwhile: the turn ends with it, then `end_turn` pauses
+                    log.debug("interrupt for a pause not sent", exc_info=True, extra={"sessionId": self.session_id})
             return waiter
         return (yield from self._pause_now())
 
@@ -664,6 +668,30 @@ class SessionActor(StagedActor):
         """The live bridge connection for a command run through the API (not through the model).
         The sandbox is kept from eviction and the idle sweep until `end_exec`; one that died between
         turns is brought back first, as for a turn."""
+        yield from self._hold_for(what)
+        return self.conn
+
+    @staged
+    def end_exec(self) -> Stage[None]:
+        yield from ()  # no loop work; staged so that it waits for the request running before it
+        self._unhold()
+
+    @staged
+    def in_workspace(self, what: str, fn: Callable[[Path, tuple[int, int] | None], T]) -> Stage[T]:
+        """`fn(workspace, owner)` in a worker thread on the live workspace (an API client's upload, a
+        bundle restored), as one request of this actor: a stop, a pause or a DELETE that comes
+        meanwhile waits for it, so the snapshot it takes holds what was written, and the workspace
+        cannot go while `fn` writes into it. `owner`: the sandbox user, for what `fn` creates."""
+        yield from self._hold_for(what)
+        try:
+            assert self.handle is not None
+            work = asyncio.to_thread(fn, self.handle.paths.workspace, self.deps.sandbox_owner(self.session_id))
+            result: T = yield OnLoop(work, timeout=self.deps.setup_timeout)
+            return result
+        finally:
+            self._unhold()
+
+    def _hold_for(self, what: str) -> Stage[None]:
         row = yield from self._row()
         if row.status == "ended":
             raise BadRequest("Session is ended; create a new session")
@@ -675,11 +703,8 @@ class SessionActor(StagedActor):
             yield from self._replace_lost_sandbox()
             self._hold_sandbox()
         self._execs += 1
-        return self.conn
 
-    @staged
-    def end_exec(self) -> Stage[None]:
-        yield from ()  # no loop work; staged so that it waits for the request running before it
+    def _unhold(self) -> None:
         self._execs = max(0, self._execs - 1)
         if self._execs == 0 and self.turn is None and self.handle is not None:
             self._let_sandbox_wait()
@@ -719,7 +744,11 @@ class SessionActor(StagedActor):
         if self.turn is None:
             raise Conflict("No turn is running")
         turn = self.turn
-        yield turn.connection.interrupt(turn.query_id)
+        if turn.connection is self.conn:
+            try:
+                yield turn.connection.interrupt(turn.query_id)
+            except SandboxError:  # its bridge went meanwhile: the turn is ending with it
+                log.debug("interrupt not sent", exc_info=True, extra={"sessionId": self.session_id})
         return {"ok": True, "sessionId": self.session_id}
 
     def workspace(self) -> Path | None:
@@ -923,7 +952,8 @@ class SessionActor(StagedActor):
     def _abandon_pauses(self) -> None:
         waiters, self._pause_waiters = self._pause_waiters, []
         for waiter in waiters:
-            waiter.set_exception(Unavailable("the session's actor stopped before the pause; try again"))
+            # Not paused: a new actor asked again answers from what is stored (the session ended, say).
+            waiter.set_exception(ActorGone("the session's actor stopped before the pause; try again"))
 
 
 async def _update_models(proxy: Any, sandbox_id: str, models: Any) -> None:

@@ -11,13 +11,13 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from pykka import ActorRef
 
-from ashd.actors._aio import Asker, Later, call
+from ashd.actors._aio import ActorGone, Asker, Later, call, forget
 from ashd.actors._inline import try_inline
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
@@ -29,6 +29,9 @@ from ashd.storage import AgentFile, Session, new_id, write_files
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+# Attempts of a request whose session's actor stopped before handling it (`_asking`).
+ACTOR_ATTEMPTS = 3
 
 
 def outcome_of(task: asyncio.Future[T]) -> concurrent.futures.Future[T]:
@@ -81,6 +84,20 @@ class SessionRegistry:
         if ref is None or not ref.is_alive() or self._tenants.get(session_id) != tenant:
             return None
         return ref
+
+    async def _asking(self, tenant: str, session_id: str, ask: Callable[[Any], Awaitable[T]]) -> T:
+        """`await ask(proxy)` on the session's actor. One that stopped before it handled the request
+        (a DELETE or a stop let it go meanwhile, from another client) answers nothing: the request
+        is asked again of a new actor, which answers from what is stored (400 for a session that
+        ended, a cold resume for one stopped), instead of a 503 for a race the client cannot see."""
+        for attempt in range(ACTOR_ATTEMPTS):
+            proxy = await self._actor(tenant, session_id)
+            try:
+                return await ask(proxy)
+            except ActorGone:
+                if attempt == ACTOR_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _actor(self, tenant: str, session_id: str) -> Any:
         ref = self._live(tenant, session_id)
@@ -191,24 +208,28 @@ class SessionRegistry:
         epoch = self._epochs.get(session_id, 0)
         ref = self._live(tenant, session_id)
         if ref is not None:
-            view: dict[str, Any] = await call(self._proxy(session_id, ref).view(), self.timeout)
-            if view["tenantId"] == tenant:
-                self._remember(session_id, view, epoch)
-                return view
+            try:
+                view: dict[str, Any] = await call(self._proxy(session_id, ref).view(), self.timeout)
+            except Unavailable:  # let go meanwhile (a DELETE, a stop), or busy: what is stored is the view
+                pass
+            else:
+                if view["tenantId"] == tenant:
+                    self._remember(session_id, view, epoch)
+                    return view
         from ashd.storage import session_json
 
         return session_json(await self.deps.sessions.get(tenant, session_id))
 
     async def pause(self, tenant: str, session_id: str) -> dict[str, Any]:
-        proxy = await self._actor(tenant, session_id)
         # A running turn is interrupted and stored first: the answer waits for its end.
-        return await self._changed(session_id, self._inline(session_id, "pause") or proxy.pause(),
-                                   2 * self.timeout + self.deps.shutdown_grace)
+        timeout = 2 * self.timeout + self.deps.shutdown_grace
+        return await self._asking(tenant, session_id, lambda proxy: self._changed(
+            session_id, self._inline(session_id, "pause") or proxy.pause(), timeout))
 
     async def resume(self, tenant: str, session_id: str) -> dict[str, Any]:
-        proxy = await self._actor(tenant, session_id)
-        return await self._changed(session_id, self._inline(session_id, "resume") or proxy.resume(),
-                                   self.timeout + self.deps.init_timeout + 10)
+        timeout = self.timeout + self.deps.init_timeout + 10
+        return await self._asking(tenant, session_id, lambda proxy: self._changed(
+            session_id, self._inline(session_id, "resume") or proxy.resume(), timeout))
 
     def _inline(self, session_id: str, name: str, *args: Any) -> Later[Any] | None:
         """The request handled here, on the loop, if the session's actor is idle and lets it
@@ -218,8 +239,8 @@ class SessionRegistry:
         return None if ref is None else try_inline(ref, name, *args)
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
-        proxy = await self._actor(tenant, session_id)
-        view = await self._changed(session_id, proxy.stop_session(), self.timeout * 2)
+        view = await self._asking(tenant, session_id, lambda proxy: self._changed(
+            session_id, proxy.stop_session(), self.timeout * 2))
         await self._retire(session_id)
         return view
 
@@ -245,10 +266,9 @@ class SessionRegistry:
     async def delete(self, tenant: str, session_id: str, *, purge: bool = False) -> dict[str, Any]:
         """End the session. With `purge`, also delete its snapshots, messages and events: the
         record is gone afterwards (404), and what the tenant held for it is freed."""
-        proxy = await self._actor(tenant, session_id)
         # `_inline` forgets the cached view first, whether it handles the request here or not.
-        view: dict[str, Any] = await call(self._inline(session_id, "delete", not purge) or proxy.delete(not purge),
-                                          self.timeout * 2)
+        view: dict[str, Any] = await self._asking(tenant, session_id, lambda proxy: call(
+            self._inline(session_id, "delete", not purge) or proxy.delete(not purge), self.timeout * 2))
         ref = self._actors.pop(session_id, None)
         self._tenants.pop(session_id, None)
         self._views.pop(session_id, None)
@@ -265,27 +285,27 @@ class SessionRegistry:
         return view
 
     async def configure(self, tenant: str, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
-        proxy = await self._actor(tenant, session_id)
-        return await self._changed(session_id, proxy.configure(changes), self.timeout)
+        return await self._asking(tenant, session_id, lambda proxy: self._changed(
+            session_id, proxy.configure(changes), self.timeout))
 
     async def interrupt(self, tenant: str, session_id: str) -> dict[str, Any]:
-        return await call((await self._actor(tenant, session_id)).interrupt(), self.timeout)
+        return await self._asking(tenant, session_id, lambda proxy: call(proxy.interrupt(), self.timeout))
 
     async def begin_turn(self, tenant: str, session_id: str, content: Any, model: str | None,
                          attachments: Sequence[dict[str, Any]] = (), send_query: SendQuery | None = None,
                          ) -> TurnTicket:
         """`send_query`: sends the turn's query while its prompt is stored, where the turn starts on
         the loop (`SessionActor.begin_turn`); the ticket says whether it did (`sent`)."""
-        proxy = await self._actor(tenant, session_id)
         # lastActiveAt moves with the user message: `_inline` forgets the cached view first.
-        return await call(self._inline(session_id, "begin_turn", content, model, attachments, send_query)
-                          or proxy.begin_turn(content, model, attachments), self.timeout + self.deps.init_timeout)
+        return await self._asking(tenant, session_id, lambda proxy: call(
+            self._inline(session_id, "begin_turn", content, model, attachments, send_query)
+            or proxy.begin_turn(content, model, attachments), self.timeout + self.deps.init_timeout))
 
     def end_turn(self, ticket: TurnTicket) -> None:
         self._remember(ticket.session_id, None)
         ref = self._actors.get(ticket.session_id)
         if ref is not None and ref.is_alive():
-            self._proxy(ticket.session_id, ref).end_turn(ticket.query_id)
+            forget(self._proxy(ticket.session_id, ref).end_turn(ticket.query_id), "ending a turn")
 
     async def end_turn_now(self, ticket: TurnTicket, row: Session | None = None) -> None:
         """`end_turn`, answered: by then the session has told the pool its sandbox waits again, so
@@ -303,12 +323,22 @@ class SessionRegistry:
     async def exec(self, tenant: str, session_id: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
         """Run a program in the session's sandbox, as the engine's Bash tool runs one: same isolation,
         same output caps. Returns the bridge's `{exitCode, stdout, stderr[, timedOut]}`."""
-        proxy = await self._actor(tenant, session_id)
-        conn = await call(proxy.begin_exec(), self.timeout + self.deps.init_timeout)
+        async def begin(proxy: Any) -> tuple[Any, Any]:
+            return proxy, await call(proxy.begin_exec(), self.timeout + self.deps.init_timeout)
+
+        proxy, conn = await self._asking(tenant, session_id, begin)
         try:
-            frame = await conn.exec(argv, timeout=timeout_s)  # SandboxError if the sandbox goes away
+            frame = await conn.exec(argv, timeout=timeout_s)
+        except SandboxError:  # the sandbox went while the command ran: say why, when a request let it go
+            # Asked of the actor, behind the request that may be letting it go (its transition is
+            # stored after the sandbox goes when a turn runs).
+            view = await self._asking(tenant, session_id, lambda proxy: call(proxy.view(), self.timeout))
+            if view["status"] in ("stopped", "ended"):
+                raise Conflict(f"The session was {view['status']} while the command ran, and its sandbox with it; "
+                               "the command's output is lost") from None
+            raise
         finally:
-            proxy.end_exec()
+            forget(proxy.end_exec(), "ending a command")
         return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
 
     async def in_live_workspace(self, tenant: str, session_id: str, what: str,
@@ -316,16 +346,9 @@ class SessionRegistry:
         """Run `fn(workspace, owner)` in a thread on the session's live workspace for an API client
         (`what` it does names it in errors). The sandbox is held as for exec, so it is not evicted or
         swept meanwhile; `owner` is the sandbox user, for what `fn` creates."""
-        proxy = await self._actor(tenant, session_id)
-        await call(proxy.begin_exec(what), self.timeout + self.deps.init_timeout)
-        try:
-            workspace = await call(proxy.workspace(), self.timeout)
-            if workspace is None:
-                raise SandboxError("the session's sandbox went away; try again")
-            owner = self.deps.sandbox_owner(session_id)
-            return await asyncio.get_running_loop().run_in_executor(None, fn, workspace, owner)
-        finally:
-            proxy.end_exec()
+        timeout = self.timeout + self.deps.init_timeout + self.deps.setup_timeout
+        result: T = await self._asking(tenant, session_id, lambda proxy: call(proxy.in_workspace(what, fn), timeout))
+        return result
 
     async def write_files(self, tenant: str, session_id: str, target: str, files: list[AgentFile]) -> list[str]:
         """Write files into the session's live workspace, owned by the sandbox user."""
@@ -336,21 +359,28 @@ class SessionRegistry:
         ref = self._live(tenant, session_id)
         if ref is None:
             return None
-        return await call(self._proxy(session_id, ref).running_turn(), self.timeout)
+        try:
+            turn: str | None = await call(self._proxy(session_id, ref).running_turn(), self.timeout)
+        except ActorGone:  # let go meanwhile: an actor with a turn is not
+            return None
+        return turn
 
     async def workspace(self, tenant: str, session_id: str) -> Any:
         await self.deps.sessions.get(tenant, session_id)
         ref = self._live(tenant, session_id)
         if ref is None:
             return None
-        return await call(self._proxy(session_id, ref).workspace(), self.timeout)
+        try:
+            return await call(self._proxy(session_id, ref).workspace(), self.timeout)
+        except ActorGone:  # let go meanwhile, its sandbox with it: the snapshot is the workspace
+            return None
 
     def on_sandbox_lost(self, lost: SandboxLost) -> None:
         """Told by the pool (from its thread); forwarded to the session's actor with `tell`."""
         self._remember(lost.session_id, None)
         ref = self._actors.get(lost.session_id)
         if ref is not None and ref.is_alive():
-            self._proxy(lost.session_id, ref).sandbox_lost(lost)
+            forget(self._proxy(lost.session_id, ref).sandbox_lost(lost), "telling a session its sandbox is lost")
             task = asyncio.get_running_loop().create_task(self._retire(lost.session_id))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)

@@ -34,7 +34,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pykka
 from pykka import ActorRegistry
 
-from ashd.actors._aio import Later, pipe_to_actor
+from ashd.actors._aio import ActorGone, Later, pipe_to_actor
 from ashd.actors._inline import TurnInbox, TurnTakingActor, idle_turn
 from ashd.errors import Unavailable
 
@@ -299,8 +299,9 @@ class StagedActor(TurnTakingActor):
         for request in requests:
             log.debug("request %s abandoned: the actor stopped", request.name)
             if not request.reply.done():
-                request.reply.set_exception(Unavailable("the service is shutting down or a component "
-                                                        "stopped; try again"))
+                # One stashed had not begun: asking a new actor for it is safe (`ActorGone`).
+                gone = ActorGone if request is not running else Unavailable
+                request.reply.set_exception(gone("the service is shutting down or a component stopped; try again"))
 
 
 def stop_soon(ref: pykka.ActorRef[Any]) -> None:
