@@ -98,17 +98,17 @@ class SessionActor(StagedActor):
 
     def _inline_ok(self, name: str) -> bool:
         """A create, a pause or a DELETE with no turn running, a warm resume, a turn's start and its
-        end may be handled on the loop while this actor is idle (`_inline.py`): their steps there
-        read this actor's state and store at most one transaction, which goes to the writer thread
-        when the database is not free at once; a create's claim of a sandbox is awaited there, not
-        waited for. A resume or a turn that finds its sandbox gone, a DELETE of a workspace of more
-        than INLINE_WALK_ENTRIES entries, and a create whose agent folder is larger than
-        INLINE_COPY_ENTRIES entries or INLINE_COPY_BYTES, go on on this actor's thread
-        (`ON_ACTOR_THREAD`). Not on a runner: its transitions are fenced, and one fenced out lets
-        its sandbox go, which waits for the pool."""
+        end, and a retirement (memory only) may be handled on the loop while this actor is idle
+        (`_inline.py`): their steps there read this actor's state and store at most one
+        transaction, which goes to the writer thread when the database is not free at once; a
+        create's claim of a sandbox is awaited there, not waited for. A resume or a turn that finds
+        its sandbox gone, a DELETE of a workspace of more than INLINE_WALK_ENTRIES entries, and a
+        create whose agent folder is larger than INLINE_COPY_ENTRIES entries or INLINE_COPY_BYTES,
+        go on on this actor's thread (`ON_ACTOR_THREAD`). Not on a runner: its transitions are
+        fenced, and one fenced out lets its sandbox go, which waits for the pool."""
         if self.deps.runner_id is not None:
             return False
-        if name == "create":  # its claim is awaited and a large agent folder copied on this thread
+        if name in ("create", "retire"):  # a create's large agent folder is copied on this thread
             return True
         if self.row is None:
             return False
@@ -760,7 +760,21 @@ class SessionActor(StagedActor):
         """True when this actor holds nothing once the requests before this one are done: no sandbox,
         no turn, no request after it (its thread can be let go)."""
         yield from ()
+        return self._holds_nothing()
+
+    def _holds_nothing(self) -> bool:
         return self.handle is None and self.turn is None and not self.waiting()
+
+    @staged
+    def retire(self) -> Stage[bool]:
+        """Stop this actor if it holds nothing once the requests before this one are done: no
+        sandbox, no turn, no request after it (its thread can be let go). True when it stops: at
+        once, from its own thread, so that a request after this one finds it stopped, unhandled."""
+        yield from ()
+        if self._holds_nothing():
+            self.retire_when_idle()
+            return True
+        return False
 
     def running_turn(self) -> str | None:
         return self.turn.query_id if self.turn else None
@@ -894,14 +908,21 @@ class SessionActor(StagedActor):
         self._live_changes = None  # the next sandbox's init reads the stored config
         if handle is not None and self.deps.warmer is not None:
             self.deps.warmer.discard(handle.sandbox_id)  # a preparation nobody took
-        if conn is not None or handle is not None:
-            # One stage on the loop for the three steps (each was a trip there and back of its own).
-            try:
-                yield OnLoop(self._let_go(handle, conn), timeout=self.deps.shutdown_grace + self.deps.ask_timeout)
-            except Exception:
-                log.warning("letting a sandbox go timed out", exc_info=True, extra={"sessionId": self.session_id})
+        if conn is None and handle is None:
+            return
+        let_go: concurrent.futures.Future[None] = concurrent.futures.Future()
         if handle is not None:
-            self.deps.pool.release(handle.sandbox_id)
+            # The pool lets it go from now on and stops it once the steps below are done: a bridge
+            # that exits on the shutdown request is not taken for one that crashed (a warning, its
+            # workspace snapshotted again, a loss told to this session).
+            self.deps.pool.release(handle.sandbox_id, after=let_go)
+        try:
+            # One stage on the loop for the three steps (each was a trip there and back of its own).
+            yield OnLoop(self._let_go(handle, conn), timeout=self.deps.shutdown_grace + self.deps.ask_timeout)
+        except Exception:
+            log.warning("letting a sandbox go timed out", exc_info=True, extra={"sessionId": self.session_id})
+        finally:
+            let_go.set_result(None)
 
     async def _let_go(self, handle: SandboxHandle | None, conn: Any) -> None:
         """On the loop: ask the bridge to shut down, store the sandbox's last log lines, detach its

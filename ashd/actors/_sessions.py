@@ -22,8 +22,8 @@ from ashd.actors._inline import try_inline
 from ashd.actors._pool_types import SandboxLost
 from ashd.actors._session import SessionActor
 from ashd.actors._session_deps import CreateRequest, SendQuery, SessionDeps, TurnTicket
-from ashd.actors._staged import stop_soon
-from ashd.errors import Conflict, SandboxError, Unavailable
+from ashd.actors._staged import retire_soon, stop_soon
+from ashd.errors import BadRequest, Conflict, Gone, SandboxError, Unavailable
 from ashd.storage import AgentFile, Session, new_id, write_files
 
 T = TypeVar("T")
@@ -97,6 +97,11 @@ class SessionRegistry:
             except ActorGone:
                 if attempt == ACTOR_ATTEMPTS - 1:
                     raise
+            except (BadRequest, Gone):
+                # Refused for the session's state: one that ended or stopped needs no actor, and a
+                # client that keeps asking about it must not keep one (a thread) per session alive.
+                self._retire_later(session_id)
+                raise
         raise AssertionError("unreachable")
 
     async def _actor(self, tenant: str, session_id: str) -> Any:
@@ -251,17 +256,18 @@ class SessionRegistry:
         if ref is None or not ref.is_alive():
             return
         try:
-            retirable = await call(self._proxy(session_id, ref).retirable(), self.timeout)
+            # The actor decides in its own turn, and stops there: a request that came after this
+            # one finds it stopped and is asked again of a new actor (`_asking`), never cut short.
+            retired = await call(try_inline(ref, "retire") or self._proxy(session_id, ref).retire(), self.timeout)
         except Unavailable:
             return
-        if retirable:
+        if retired:
             async with self._lock:
                 if self._actors.get(session_id) is ref:
                     del self._actors[session_id]
                     self._tenants.pop(session_id, None)
                     self._views.pop(session_id, None)
                     self._proxies.pop(session_id, None)
-                    stop_soon(ref)
 
     async def delete(self, tenant: str, session_id: str, *, purge: bool = False) -> dict[str, Any]:
         """End the session. With `purge`, also delete its snapshots, messages and events: the
@@ -277,7 +283,8 @@ class SessionRegistry:
         if ref is not None:
             # After the answer is written: the actor's thread, woken now, would take the interpreter
             # from the loop while it writes it (0.15 ms of a DELETE, measured; docs/performance.md).
-            asyncio.get_running_loop().call_soon(stop_soon, ref)
+            # Once idle: requests that came before this point are answered (400: the session ended).
+            asyncio.get_running_loop().call_soon(retire_soon, ref)
         if purge:
             if self.deps.snapshots is not None:
                 await call(self.deps.snapshots.delete(session_id), self.timeout)
@@ -381,9 +388,12 @@ class SessionRegistry:
         ref = self._actors.get(lost.session_id)
         if ref is not None and ref.is_alive():
             forget(self._proxy(lost.session_id, ref).sandbox_lost(lost), "telling a session its sandbox is lost")
-            task = asyncio.get_running_loop().create_task(self._retire(lost.session_id))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            self._retire_later(lost.session_id)
+
+    def _retire_later(self, session_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._retire(session_id))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def running_count(self) -> int:
         busy = 0

@@ -83,6 +83,16 @@ class _TakeNext:
 _TAKE_NEXT = _TakeNext()
 
 
+class _Retire:
+    """Told to the actor: stop once the requests it has are answered (`retire_soon`)."""
+
+    def __repr__(self) -> str:
+        return "RETIRE"
+
+
+_RETIRE = _Retire()
+
+
 @dataclass(frozen=True)
 class _StageDone:
     """The loop's outcome of one stage, told to the actor."""
@@ -164,6 +174,9 @@ class StagedActor(TurnTakingActor):
         self._stage = 0  # number of the stage now on the loop; a stale outcome is ignored
         self._inline = False  # a handler runs on the caller's thread now (`_inline.try_inline`)
         self._thread_lock = threading.Lock()
+        # Stop once idle (`retire_soon`, `retire_when_idle`): what came before the stop is answered,
+        # what comes after finds the actor stopped, unhandled (`ActorGone`: asked again elsewhere).
+        self._retiring = False
 
     def run_inline(self, name: str, *args: Any, **kwargs: Any) -> Later[Any] | None:
         """The staged request `name` handled on the caller's thread, which holds this actor's turn
@@ -196,10 +209,20 @@ class StagedActor(TurnTakingActor):
         self._next()
         return request.reply
 
+    def retire_when_idle(self) -> None:
+        """From a handler: this actor stops once it has answered its requests (`retire_soon`)."""
+        self._retiring = True
+
     def _next(self) -> None:
         while self._running is None and self._stashed:
             self._running = self._stashed.popleft()
             self._advance(None, None)  # finishes at once when the handler yields nothing
+        if self._retiring and not self.busy() and not self.actor_stopped.is_set():
+            if self._inline:  # stopped from its own thread, whose loop then ends
+                with contextlib.suppress(pykka.ActorDeadError):
+                    self.actor_ref.tell(_TAKE_NEXT)
+            else:
+                self._stop()
 
     def _advance(self, result: Any, error: BaseException | None) -> None:
         request = self._running
@@ -262,7 +285,7 @@ class StagedActor(TurnTakingActor):
                 self._advance(result, None)
             finally:
                 self._inline = False
-            if self._running is None and self._stashed:
+            if self._running is None and (self._stashed or self._retiring):
                 with contextlib.suppress(pykka.ActorDeadError):
                     self.actor_ref.tell(_TAKE_NEXT)
             return True
@@ -274,6 +297,10 @@ class StagedActor(TurnTakingActor):
                 self._next()
             return None
         if message is _TAKE_NEXT:
+            self._next()
+            return None
+        if message is _RETIRE:
+            self._retiring = True
             self._next()
             return None
         return super().on_receive(message)
@@ -302,6 +329,17 @@ class StagedActor(TurnTakingActor):
                 # One stashed had not begun: asking a new actor for it is safe (`ActorGone`).
                 gone = ActorGone if request is not running else Unavailable
                 request.reply.set_exception(gone("the service is shutting down or a component stopped; try again"))
+
+
+def retire_soon(ref: pykka.ActorRef[Any]) -> None:
+    """Stop the actor once it has answered the requests it has now (`stop_soon` fails those with
+    503s): here and now when it is a `lazy_thread` actor that never started and is idle."""
+    inbox = ref.actor_inbox
+    actor = inbox.owner() if isinstance(inbox, TurnInbox) and inbox.owner is not None else None
+    if isinstance(actor, StagedActor) and actor._stop_unstarted():
+        return
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(_RETIRE)
 
 
 def stop_soon(ref: pykka.ActorRef[Any]) -> None:

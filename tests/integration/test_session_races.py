@@ -107,3 +107,27 @@ async def test_a_pause_and_an_interrupt_meet_a_turn_whose_sandbox_a_stop_let_go(
                                          ("POST", f"{base}/interrupt"), ("POST", f"{base}/pause")])
         assert not [r for r in results if r[1] >= 500], results
         await asyncio.wait_for(turn, 30)
+
+
+async def test_requests_about_an_ended_session_keep_no_actor_for_it(sapi: Api) -> None:  # noqa: F811
+    # Each refused request once started an actor for the session and kept it: a client polling its
+    # ended sessions grew the server by an actor (and a thread) per session.
+    await deploy(sapi)
+    registry = sapi.server.components.local.registry  # type: ignore[union-attr]
+    ended = []
+    for _ in range(3):
+        sid = (await create(sapi))["id"]
+        assert (await sapi.call("DELETE", f"/api/sessions/{sid}"))[0] == 200
+        ended.append(sid)
+    for sid in ended:
+        base = f"/api/sessions/{sid}"
+        for method, path, body in (("POST", f"{base}/pause", None), ("POST", f"{base}/resume", None),
+                                   ("POST", f"{base}/stop", None), ("POST", f"{base}/exec", {"command": "true"}),
+                                   ("PATCH", f"{base}/config", {"model": "m"})):
+            status, answer = await sapi.call(method, path, json=body)
+            assert status in (400, 410), (path, status, answer)
+    for _ in range(100):
+        if registry.live_actors() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert registry.live_actors() == 0

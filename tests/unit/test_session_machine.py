@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import delete, update
 
 from ashd.actors._activity import Activity
-from ashd.actors._aio import call
+from ashd.actors._aio import ActorGone, call
 from ashd.actors._owed import OwedSnapshots
 from ashd.actors._pool import PoolActor, PoolConfig
 from ashd.actors._pool_types import LossReason, SandboxLost
@@ -33,6 +33,7 @@ from ashd.actors._session_deps import CreateRequest, SessionDeps
 from ashd.actors._session_logs import LogTails
 from ashd.actors._sessions import SessionRegistry, outcome_of
 from ashd.actors._snapshot import SnapshotActor, snapshot_proxy
+from ashd.actors._staged import retire_soon
 from ashd.actors._warmer import Warmer
 from ashd.devtools.fake_model import FakeModel
 from ashd.errors import NotFound, ServiceError
@@ -1321,3 +1322,32 @@ async def test_a_delete_gives_its_sandbox_back_to_the_pool_at_once(machine: Mach
     await machine.ask(stopped, "stop_session")
     assert machine.counts() == {}
     assert (await machine.ask(stopped, "delete"))["status"] == "ended"
+
+
+async def test_an_actor_retires_in_its_own_turn_and_what_came_after_finds_it_gone(machine: Machine) -> None:
+    # What came before the retirement is answered; what came after is not handled at all (ActorGone),
+    # which the registry asks again of a new actor. A stop message instead failed a running request.
+    sid, _ = await machine.create()
+    await machine.ask(sid, "stop_session")
+    ref = machine.actors[sid]
+    retiring = machine.actor(sid).retire()
+    after = machine.actor(sid).view()
+    assert await call(retiring, 2 * T) is True
+    with pytest.raises(ActorGone):
+        await call(after, 2 * T)
+    assert not ref.is_alive()
+
+    paused, _ = await machine.create()
+    await machine.ask(paused, "pause")
+    assert await machine.ask(paused, "retire") is False  # it keeps its sandbox, and its actor
+    assert machine.actors[paused].is_alive()
+
+    busy, _ = await machine.create()
+    ref = machine.actors[busy]
+    pausing = machine.actor(busy).pause()
+    retire_soon(ref)
+    after = machine.actor(busy).view()
+    assert (await call(pausing, 2 * T))["status"] == "paused"
+    with pytest.raises(ActorGone):
+        await call(after, 2 * T)
+    assert ref.actor_stopped.wait(2 * T)

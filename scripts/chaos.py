@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Many clients doing anything to a few shared sessions at once, then what must still hold.
+
+    .venv/bin/python scripts/chaos.py [--clients 8] [--slots 6] [--seconds 60] [--seed 1] [--postgres URL]
+
+The table's benchmarks and the tests each do one thing to a session at a time. Here `--clients`
+clients, each on its own connection, pick one of `--slots` sessions at random and do one of every
+session operation to it, with no pause: GET, pause, resume, stop, a message read to its end (a
+model turn with a tool call), a message whose reader goes away at its first frame, a slow message
+interrupted by a second request, the messages, events and logs read, the files listed and one
+read, a command run, a file uploaded, a fork (deleted at once), a config change, a DELETE (and a
+new session in its slot). Races between them are the point: a UI polling a session while its back
+end stops or deletes it.
+
+At the end every session made is deleted, and it checks, printing each breach:
+
+- no answer was a 5xx (each is a race the client could not see, or a bug);
+- the server logged nothing at `error`, and no sandbox exit (nothing here crashes one);
+- every prompt whose stream ended with `done` and no `error` is among the session's stored
+  messages, once;
+- once every session is deleted, none is `active` and no sandbox but the pre-warmed is held.
+
+It prints how many of each operation ran and their answers' statuses, with an example of each
+error answer. Exit status 1 when something did not hold. The server's log is kept in the data
+directory it names (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sessions as bs
+from bench_sessions import ashd_server, fake_model
+
+OPS: list[tuple[str, int]] = [
+    ("get", 10), ("pause", 5), ("resume", 5), ("stop", 2), ("message", 10), ("message-abort", 4),
+    ("message-interrupt", 3), ("messages", 4), ("events", 2), ("logs", 2), ("files", 3), ("exec", 3),
+    ("upload", 2), ("fork", 1), ("config", 1), ("delete", 2),
+]
+TURN_SCRIPTS = [
+    {"match": "chaos-tool", "turns": [
+        {"content": [{"type": "text", "text": "running"},
+                     {"type": "tool_use", "name": "Bash", "input": {"command": "echo t >> turns.txt"}}]},
+        {"content": [{"type": "text", "text": "done it"}]}]},
+    {"match": "chaos-slow", "turns": [{"delay": 0.02, "content": [{"type": "text", "text": "slow " * 40}]}]},
+]
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.statuses: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+        self.examples: dict[tuple[str, int], str] = {}
+        self.breaches: list[str] = []
+        self.sent: dict[str, set[str]] = collections.defaultdict(set)
+        self.done: dict[str, set[str]] = collections.defaultdict(set)
+        self.made: set[str] = set()
+
+    def answer(self, op: str, status: int, text: str) -> None:
+        self.statuses[op][status] += 1
+        if status >= 400:
+            self.examples.setdefault((op, status), text[:200])
+        if status >= 500:
+            self.breaches.append(f"{op}: {status} {text[:200]}")
+
+
+class Client:
+    def __init__(self, http: aiohttp.ClientSession, url: str, key: str, tally: Tally) -> None:
+        self.http, self.url, self.tally = http, url, tally
+        self.headers = {"Authorization": f"Bearer {key}"}
+
+    async def call(self, op: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        skip = () if body is not None else ("Content-Type",)
+        async with self.http.request(method, self.url + path, json=body, headers=self.headers,
+                                     skip_auto_headers=skip) as resp:
+            text = (await resp.read()).decode(errors="replace")
+            self.tally.answer(op, resp.status, text)
+            try:
+                return resp.status, json.loads(text) if text else None
+            except ValueError:
+                return resp.status, text
+
+    async def create(self) -> str | None:
+        status, body = await self.call("create", "POST", "/api/sessions", {"agent": "chaos"})
+        if status != 201:
+            return None
+        sid = str(body["session"]["id"])
+        self.tally.made.add(sid)
+        return sid
+
+    async def message(self, sid: str, mode: str) -> None:
+        prompt = f"{'chaos-tool' if mode == 'message' else 'chaos-slow'} {uuid.uuid4().hex[:8]}"
+        self.tally.sent[sid].add(prompt)
+        events: list[str] = []
+        async with self.http.post(f"{self.url}/api/sessions/{sid}/messages", headers=self.headers,
+                                  json={"content": prompt}) as resp:
+            if resp.status != 200:
+                self.tally.answer(mode, resp.status, await resp.text())
+                return
+            self.tally.answer(mode, 200, "")
+            async for raw in resp.content:
+                if not raw.startswith(b"event:"):
+                    continue
+                events.append(raw[6:].strip().decode())
+                if events[-1] == "message" and mode == "message-abort":
+                    return  # the reader goes away; the turn goes on and is stored
+                if events[-1] == "message" and mode == "message-interrupt" and events.count("message") == 1:
+                    asyncio.get_running_loop().create_task(
+                        self.call("interrupt", "POST", f"/api/sessions/{sid}/interrupt"))
+        if not events or events[-1] != "done":
+            self.tally.breaches.append(f"{mode} {sid}: the stream ended without `done`: {events[-4:]}")
+        elif "error" not in events:
+            self.tally.done[sid].add(prompt)
+
+
+async def _one(c: Client, slots: list[str], rnd: random.Random) -> None:
+    i = rnd.randrange(len(slots))
+    sid = slots[i]
+    base = f"/api/sessions/{sid}"
+    op = rnd.choices([name for name, _ in OPS], [weight for _, weight in OPS])[0]
+    if op == "get":
+        await c.call(op, "GET", base)
+    elif op in ("pause", "resume", "stop"):
+        await c.call(op, "POST", f"{base}/{op}")
+    elif op.startswith("message-") or op == "message":
+        await c.message(sid, op)
+    elif op in ("messages", "events", "logs"):
+        await c.call(op, "GET", f"{base}/{op}")
+    elif op == "files":
+        status, body = await c.call(op, "GET", f"{base}/files")
+        files = body.get("files") if status == 200 and isinstance(body, dict) else None
+        if files:
+            entry = rnd.choice(files)
+            if isinstance(entry, dict) and entry.get("path") and entry.get("type") != "directory":
+                await c.call("file", "GET", f"{base}/files/{entry['path']}")
+    elif op == "exec":
+        await c.call(op, "POST", f"{base}/exec", {"command": "echo hi >> notes.txt; wc -l < notes.txt"})
+    elif op == "upload":
+        upload = {"path": f"up{rnd.randrange(5)}.txt", "content": "up\n" * rnd.randrange(1, 500), "encoding": "utf-8"}
+        await c.call(op, "POST", f"{base}/files", {"files": [upload]})
+    elif op == "fork":
+        status, body = await c.call(op, "POST", f"{base}/fork")
+        if status == 201:
+            c.tally.made.add(str(body["session"]["id"]))
+            await c.call("fork-delete", "DELETE", f"/api/sessions/{body['session']['id']}")
+    elif op == "config":
+        await c.call(op, "PATCH", f"{base}/config", {"model": rnd.choice(["claude-a", "claude-b"])})
+    elif op == "delete":
+        await c.call(op, "DELETE", base)
+        new = await c.create()
+        if new is not None:
+            slots[i] = new
+
+
+async def _client(c: Client, slots: list[str], until: float, rnd: random.Random) -> int:
+    n = 0
+    while time.monotonic() < until:
+        try:
+            await _one(c, slots, rnd)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            c.tally.breaches.append(f"client error: {exc!r}")
+        n += 1
+    return n
+
+
+async def _check_stored(c: Client, tally: Tally) -> None:
+    for sid, prompts in tally.done.items():
+        status, body = await c.call("check", "GET", f"/api/sessions/{sid}/messages")
+        if status != 200:
+            tally.breaches.append(f"messages of {sid}: {status}")
+            continue
+        stored: collections.Counter[str] = collections.Counter()
+        for m in body.get("messages", []) if isinstance(body, dict) else body:
+            if m.get("role") != "user":
+                continue
+            text = json.dumps(m.get("content"))
+            for prompt in tally.sent[sid]:
+                if prompt in text:
+                    stored[prompt] += 1
+        for prompt in prompts:
+            if stored[prompt] != 1:
+                tally.breaches.append(f"{sid}: a prompt answered `done` is stored {stored[prompt]} times")
+
+
+async def _check_released(c: Client, tally: Tally, prewarm: int) -> None:
+    for sid in sorted(tally.made):
+        await c.call("cleanup", "DELETE", f"/api/sessions/{sid}")
+    health: Any = None
+    for _ in range(100):
+        _, health = await c.call("health", "GET", "/health")
+        pool = health.get("pool", {})
+        if health.get("activeSessions") == 0 and pool.get("waiting", 0) + pool.get("running", 0) == 0:
+            return
+        await asyncio.sleep(0.1)
+    tally.breaches.append(f"after every session was deleted: {json.dumps(health)[:300]}")
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--slots", type=int, default=6, help="sessions the clients share")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--postgres", metavar="URL", help="store in PostgreSQL (a fresh database)")
+    args = parser.parse_args()
+    bs.POSTGRES = args.postgres
+    rnd = random.Random(args.seed)
+    tally = Tally()
+    data = Path(tempfile.mkdtemp(prefix="ashd-chaos-", dir="/tmp"))
+    prewarm = 4
+    async with fake_model() as model_url, aiohttp.ClientSession() as http:
+        for script in TURN_SCRIPTS:
+            await http.post(model_url + "/_fake/scripts", json=script)
+        env = {"SERVICE_MAX_SANDBOXES": "64", "SERVICE_LOG_LEVEL": "info"}
+        async with ashd_server(model_url, prewarm=prewarm, extra_env=env, data=data) as (url, key, _proc):
+            admin = Client(http, url, key, tally)
+            await admin.call("agent", "POST", "/api/agents", {"name": "chaos", "systemPrompt": "You are chaos."})
+            slots = [sid for sid in [await admin.create() for _ in range(args.slots)] if sid]
+            https = [aiohttp.ClientSession() for _ in range(args.clients)]
+            t0 = time.monotonic()
+            try:
+                counts = await asyncio.gather(*(_client(Client(h, url, key, tally), slots, t0 + args.seconds,
+                                                        random.Random(rnd.random())) for h in https))
+            finally:
+                for h in https:
+                    await h.close()
+            wall = time.monotonic() - t0
+            await asyncio.sleep(2)  # the aborted readers' turns finish and are stored
+            await _check_stored(admin, tally)
+            await _check_released(admin, tally, prewarm)
+    log_lines = (data / "server.log").read_text(errors="replace").splitlines()
+    for line in log_lines:
+        # Nothing here makes a sandbox crash: one said to have exited is one let go taken for a crash.
+        if ('"level": "error"' in line or '"level": "critical"' in line or line.startswith("Traceback")
+                or '"msg": "sandbox exited' in line):
+            tally.breaches.append(f"server log: {line[:300]}")
+    print(f"{sum(counts)} operations by {args.clients} clients on {args.slots} shared sessions in {wall:.1f} s "
+          f"({sum(counts) / wall:,.0f}/s), {len(tally.made)} sessions made")
+    for op, statuses in sorted(tally.statuses.items()):
+        print(f"  {op:<18} " + "  ".join(f"{status}: {n}" for status, n in sorted(statuses.items())))
+    for (op, status), text in sorted(tally.examples.items()):
+        print(f"  e.g. {op} {status}: {text}")
+    if tally.breaches:
+        print(f"{len(tally.breaches)} breaches (the server's log: {data / 'server.log'}):")
+        for breach in tally.breaches[:50]:
+            print("  " + breach)
+        return 1
+    shutil.rmtree(data, ignore_errors=True)
+    print("every check held")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
