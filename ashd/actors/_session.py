@@ -92,6 +92,8 @@ class SessionActor(StagedActor):
         # Pause requests waiting for the running turn to be interrupted and stored (see `pause`).
         self._pause_waiters: list[Later[dict[str, Any]]] = []
         self._execs = 0  # commands of POST .../exec running in the sandbox
+        # Why the last sandbox this session let go went (`let_go_why`): a command it ran says so.
+        self._let_go_why = ""
         # Config changes (PATCH .../config) the live bridge has not been sent yet: they go with the next
         # query. A bridge started later gets the stored config in its init instead.
         self._live_changes: dict[str, Any] | None = None
@@ -510,6 +512,7 @@ class SessionActor(StagedActor):
         after it. With no turn running the status is stored first: a write that fails (a full disk,
         the database away) leaves the session as it was, its sandbox with it. A running turn's
         bridge goes first, so that the turn ends, interrupted and stored, before the status."""
+        self._let_go_why = status
         if self.turn is not None:
             yield from self._drop_sandbox()
             self.row = yield from self._transition(status, status, extra=extra, **values)
@@ -527,6 +530,7 @@ class SessionActor(StagedActor):
             return
         log_file = self.handle.paths.logs / "sandbox.log"
         self.handle = None
+        self._let_go_why = f"lost: {lost.detail}"
         conn, self.conn = self.conn, None
         if conn is not None:
             spawn_on_loop(self.deps.loop, conn.close(), "closing a lost sandbox's bridge connection")
@@ -672,6 +676,17 @@ class SessionActor(StagedActor):
         return self.conn
 
     @staged
+    def let_go_why(self, conn: Any) -> Stage[str | None]:
+        """None while `conn` is this session's bridge connection; else why the sandbox it reached
+        went (`stopped`, `ended`, `lost: ...`), answered once the request letting it go is done."""
+        if conn is self.conn:
+            return None
+        if self._let_go_why:
+            return self._let_go_why
+        row = yield from self._row()  # a new actor: the DELETE's, whose actor went with its answer
+        return row.status if row.status in ("stopped", "ended") else "let go"
+
+    @staged
     def end_exec(self) -> Stage[None]:
         yield from ()  # no loop work; staged so that it waits for the request running before it
         self._unhold()
@@ -763,7 +778,8 @@ class SessionActor(StagedActor):
         return self._holds_nothing()
 
     def _holds_nothing(self) -> bool:
-        return self.handle is None and self.turn is None and not self.waiting()
+        # A command whose sandbox a stop let go still asks this actor why (`let_go_why`), then ends.
+        return self.handle is None and self.turn is None and self._execs == 0 and not self.waiting()
 
     @staged
     def retire(self) -> Stage[bool]:
@@ -895,9 +911,14 @@ class SessionActor(StagedActor):
         loop, pool, let_go = self.deps.loop, self.deps.pool, self._let_go
 
         def go(_: concurrent.futures.Future[Any] | None = None) -> None:  # `after`'s thread, or this one
+            gone: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            if handle is not None:  # told first: the bridge's exit on its shutdown is then no crash
+                pool.release(handle.sandbox_id, after=gone)
             done = spawn_on_loop(loop, let_go(handle, conn), "letting a session's sandbox go")
-            if handle is not None:
-                pool.release(handle.sandbox_id, after=done)
+            if done is None:
+                gone.set_result(None)
+            else:
+                done.add_done_callback(lambda _: gone.set_result(None))
 
         if after is None:
             go()

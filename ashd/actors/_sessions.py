@@ -334,18 +334,23 @@ class SessionRegistry:
             return proxy, await call(proxy.begin_exec(), self.timeout + self.deps.init_timeout)
 
         proxy, conn = await self._asking(tenant, session_id, begin)
+        why: str | None = None
         try:
             frame = await conn.exec(argv, timeout=timeout_s)
-        except SandboxError:  # the sandbox went while the command ran: say why, when a request let it go
-            # Asked of the actor, behind the request that may be letting it go (its transition is
-            # stored after the sandbox goes when a turn runs).
-            view = await self._asking(tenant, session_id, lambda proxy: call(proxy.view(), self.timeout))
-            if view["status"] in ("stopped", "ended"):
-                raise Conflict(f"The session was {view['status']} while the command ran, and its sandbox with it; "
+        except SandboxError:  # the sandbox went while the command ran: say why
+            # Asked of the actor behind the request that may be letting it go (a stop, a DELETE).
+            why = await self._asking(tenant, session_id, lambda proxy: call(proxy.let_go_why(conn), self.timeout))
+            if why in ("stopped", "ended"):
+                raise Conflict(f"The session was {why} while the command ran, and its sandbox with it; "
                                "the command's output is lost") from None
+            if why is not None:
+                raise SandboxError(f"the session's sandbox went while the command ran ({why}); "
+                                   "the command's output is lost") from None
             raise
         finally:
             forget(proxy.end_exec(), "ending a command")
+            if why is not None:  # a stop let the sandbox go, and kept the actor for this answer
+                self._retire_later(session_id)
         return {k: v for k, v in frame.items() if k in ("exitCode", "stdout", "stderr", "timedOut")}
 
     async def in_live_workspace(self, tenant: str, session_id: str, what: str,

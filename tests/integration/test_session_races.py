@@ -86,6 +86,8 @@ async def test_a_command_cut_short_by_a_stop_is_a_conflict_that_says_so(sapi: Ap
         await asyncio.sleep(0.05)
     status, body = await sapi.call("POST", f"{base}/stop")
     assert status == 200, body
+    # Resumed at once, on a new sandbox: the command's answer still says what ended it.
+    assert (await sapi.call("POST", f"{base}/resume"))[0] == 200
     status, body = await asyncio.wait_for(running, 10)
     assert status == 409, body
     assert "stopped while the command ran" in body["error"]
