@@ -8,7 +8,8 @@ clients, each on its own connection, pick one of `--slots` sessions at random an
 session operation to it, with no pause: GET, pause, resume, stop, a message read to its end (a
 model turn with a tool call), a message whose reader goes away at its first frame, a slow message
 interrupted by a second request, the messages, events and logs read, the files listed and one
-read, a command run, a file uploaded, a fork (deleted at once), a config change, a DELETE (and a
+read, a command run, a file uploaded, the workspace downloaded and restored, an attachment and a
+message naming it, the sessions listed, a fork (deleted at once), a config change, a DELETE (and a
 new session in its slot). Races between them are the point: a UI polling a session while its back
 end stops or deletes it.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import json
 import random
@@ -49,7 +51,7 @@ from bench_sessions import ashd_server, fake_model
 OPS: list[tuple[str, int]] = [
     ("get", 10), ("pause", 5), ("resume", 5), ("stop", 2), ("message", 10), ("message-abort", 4),
     ("message-interrupt", 3), ("messages", 4), ("events", 2), ("logs", 2), ("files", 3), ("exec", 3),
-    ("upload", 2), ("fork", 1), ("config", 1), ("delete", 2),
+    ("upload", 2), ("fork", 1), ("config", 1), ("delete", 2), ("bundle", 2), ("list", 1), ("attach", 1),
 ]
 TURN_SCRIPTS = [
     {"match": "chaos-tool", "turns": [
@@ -101,12 +103,13 @@ class Client:
         self.tally.made.add(sid)
         return sid
 
-    async def message(self, sid: str, mode: str) -> None:
+    async def message(self, sid: str, mode: str, attachments: list[str] | None = None) -> None:
         prompt = f"{'chaos-tool' if mode == 'message' else 'chaos-slow'} {uuid.uuid4().hex[:8]}"
         self.tally.sent[sid].add(prompt)
         events: list[str] = []
+        body: dict[str, Any] = {"content": prompt, **({"attachments": attachments} if attachments else {})}
         async with self.http.post(f"{self.url}/api/sessions/{sid}/messages", headers=self.headers,
-                                  json={"content": prompt}) as resp:
+                                  json=body) as resp:
             if resp.status != 200:
                 self.tally.answer(mode, resp.status, await resp.text())
                 return
@@ -156,6 +159,19 @@ async def _one(c: Client, slots: list[str], rnd: random.Random) -> None:
         if status == 201:
             c.tally.made.add(str(body["session"]["id"]))
             await c.call("fork-delete", "DELETE", f"/api/sessions/{body['session']['id']}")
+    elif op == "bundle":  # the workspace downloaded, then restored into the live one
+        async with c.http.get(f"{c.url}{base}/workspace", headers=c.headers) as resp:
+            data = await resp.read()
+            c.tally.answer(op, resp.status, "" if resp.status == 200 else data.decode(errors="replace"))
+        if resp.status == 200:
+            await c.call("bundle-restore", "POST", f"{base}/workspace", {"bundle": base64.b64encode(data).decode()})
+    elif op == "list":
+        await c.call(op, "GET", "/api/sessions")
+    elif op == "attach":  # an attachment, then a message that names it
+        status, body = await c.call(op, "POST", f"{base}/attachments", {
+            "filename": "note.txt", "content": base64.b64encode(b"attached\n").decode(), "mimeType": "text/plain"})
+        if status == 201:
+            await c.message(sid, "message", attachments=[body["attachment"]["id"]])
     elif op == "config":
         await c.call(op, "PATCH", f"{base}/config", {"model": rnd.choice(["claude-a", "claude-b"])})
     elif op == "delete":

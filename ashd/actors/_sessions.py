@@ -34,6 +34,14 @@ log = logging.getLogger(__name__)
 ACTOR_ATTEMPTS = 3
 
 
+def _cut_short(why: str) -> Conflict | SandboxError:
+    """A command whose sandbox went while it ran: why, as its answer."""
+    if why in ("stopped", "ended"):
+        return Conflict(f"The session was {why} while the command ran, and its sandbox with it; the command's "
+                        "output is lost")
+    return SandboxError(f"the session's sandbox went while the command ran ({why}); the command's output is lost")
+
+
 def outcome_of(task: asyncio.Future[T]) -> concurrent.futures.Future[T]:
     """`task`'s outcome for an actor's stage, as a future the actor takes at once when it is already
     resolved (no trip through the loop; an insert is long done when the sandbox's start is)."""
@@ -335,18 +343,24 @@ class SessionRegistry:
 
         proxy, conn = await self._asking(tenant, session_id, begin)
         why: str | None = None
+
+        async def let_go_why() -> str | None:  # asked behind the request that may be letting it go
+            return await self._asking(tenant, session_id, lambda proxy: call(proxy.let_go_why(conn), self.timeout))
+
         try:
-            frame = await conn.exec(argv, timeout=timeout_s)
-        except SandboxError:  # the sandbox went while the command ran: say why
-            # Asked of the actor behind the request that may be letting it go (a stop, a DELETE).
-            why = await self._asking(tenant, session_id, lambda proxy: call(proxy.let_go_why(conn), self.timeout))
-            if why in ("stopped", "ended"):
-                raise Conflict(f"The session was {why} while the command ran, and its sandbox with it; "
-                               "the command's output is lost") from None
-            if why is not None:
-                raise SandboxError(f"the session's sandbox went while the command ran ({why}); "
-                                   "the command's output is lost") from None
-            raise
+            try:
+                frame = await conn.exec(argv, timeout=timeout_s)
+            except SandboxError:  # the sandbox went while the command ran: say why
+                why = await let_go_why()
+                if why is None:
+                    raise
+                raise _cut_short(why) from None
+            code = frame.get("exitCode")
+            if isinstance(code, int) and code < 0 and not frame.get("timedOut"):
+                # Killed by a signal: by the bridge's shutdown, when a stop or a DELETE let it go.
+                why = await let_go_why()
+                if why in ("stopped", "ended"):
+                    raise _cut_short(why)
         finally:
             forget(proxy.end_exec(), "ending a command")
             if why is not None:  # a stop let the sandbox go, and kept the actor for this answer
@@ -403,8 +417,13 @@ class SessionRegistry:
     async def running_count(self) -> int:
         busy = 0
         for session_id, ref in list(self._actors.items()):
-            if ref.is_alive() and await call(self._proxy(session_id, ref).running_turn(), self.timeout):
-                busy += 1
+            if not ref.is_alive():
+                continue
+            try:
+                if await call(self._proxy(session_id, ref).running_turn(), self.timeout):
+                    busy += 1
+            except ActorGone:  # retired meanwhile: an actor with a turn is not
+                continue
         return busy
 
     def live_sessions(self) -> list[tuple[str, str]]:
