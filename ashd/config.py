@@ -376,7 +376,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("SERVICE_MAX_BODY_BYTES", "max_body_bytes", "integer ≥ 1024", 20 * 1024 * 1024,
            "Largest request body accepted (413 above it).", _int_min(1024)),
     Option("SERVICE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "number > 0", 10.0,
-           "Time running turns get to finish at a graceful stop.", _float_pos),
+           "Time running turns get to finish at a graceful stop, and an interrupted turn to end before "
+           "a session's stop or DELETE lets its sandbox go under it.", _float_pos),
     # --- what tenants can make the server store, and the data disk (docs/security.md) ---
     Option("SERVICE_TENANT_STORAGE_MB", "tenant_storage_mb", "integer ≥ 0", 10240,
            "Most a tenant may hold on the server, in MiB: uploaded agent folders, workspace snapshots, "

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ashd.actors._aio import ActorGone, Later, call, spawn_on_loop
+from ashd.actors._aio import ActorGone, Asker, Later, call, forget, spawn_on_loop
 from ashd.actors._inline import call_inline
 from ashd.actors._pool_types import Launching, SandboxHandle, SandboxLost
 from ashd.actors._session_deps import CreateRequest, SendQuery, SentQuery, SessionDeps, TurnTicket
@@ -91,6 +91,11 @@ class SessionActor(StagedActor):
         self.turn: TurnTicket | None = None
         # Pause requests waiting for the running turn to be interrupted and stored (see `pause`).
         self._pause_waiters: list[Later[dict[str, Any]]] = []
+        # A stop's or a DELETE's requests waiting for the running turn's end (`_after_turn`), and the
+        # bound on that wait: a turn that does not end within the grace is cut short as before.
+        self._ending: list[tuple[str, Later[dict[str, Any]]]] = []
+        self._ending_bound: concurrent.futures.Future[Any] | None = None
+        self._ending_query = ""  # the turn they wait for
         self._execs = 0  # commands of POST .../exec running in the sandbox
         # Why the last sandbox this session let go went (`let_go_why`): a command it ran says so.
         self._let_go_why = ""
@@ -458,17 +463,39 @@ class SessionActor(StagedActor):
             self.deps.snapshots.snapshot_soon(self.session_id, workspace, taken)
 
     @staged
-    def stop_session(self) -> Stage[dict[str, Any]]:
+    def stop_session(self) -> Stage[dict[str, Any] | Later[dict[str, Any]]]:
+        """Stop: the workspace snapshotted, the sandbox let go, `stopped` stored. A running turn is
+        interrupted and its end awaited first (`_after_turn`), as a pause does: what its tools wrote
+        until then is in the snapshot."""
+        yield from self._stoppable_row()
+        if self._turn_to_end_first():
+            return (yield from self._after_turn("stop", "session stopped"))
+        return (yield from self._stop_now())
+
+    def _stoppable_row(self) -> Stage[Session]:
         row = yield from self._row()
         if row.status not in ("active", "starting"):
             raise BadRequest(f"Session is {row.status}; only an active or starting session can be stopped")
+        return row
+
+    def _stop_now(self) -> Stage[dict[str, Any]]:
+        yield from self._stoppable_row()  # again: a pause or a DELETE may have come during the wait
         self._snapshot_before_end(strict=True)
         # The sandbox goes before the answer: a stop promises that its last lines are stored.
         return (yield from self._end("stopped", None, wait=True, sandbox_id=""))
 
     @staged
-    def delete(self, keep_workspace: bool = True) -> Stage[dict[str, Any]]:
-        """End the session. `keep_workspace=False` (a purge follows) skips the final snapshot."""
+    def delete(self, keep_workspace: bool = True) -> Stage[dict[str, Any] | Later[dict[str, Any]]]:
+        """End the session. `keep_workspace=False` (a purge follows) skips the final snapshot, and
+        does not wait for a running turn's end as a DELETE that keeps the workspace does."""
+        row = yield from self._row()
+        if row.status == "ended":
+            return session_json(row)
+        if keep_workspace and self._turn_to_end_first():
+            return (yield from self._after_turn("delete", "session deleted"))
+        return (yield from self._delete_now(keep_workspace))
+
+    def _delete_now(self, keep_workspace: bool) -> Stage[dict[str, Any]]:
         row = yield from self._row()
         if row.status == "ended":
             return session_json(row)
@@ -477,6 +504,66 @@ class SessionActor(StagedActor):
         skipped = self._snapshot_before_end(strict=False) if keep_workspace else None
         # The sandbox goes after the answer (its last log lines are stored a moment later).
         return (yield from self._end("ended", {"snapshot": skipped} if skipped else None, wait=False))
+
+    def _turn_to_end_first(self) -> bool:
+        """A turn runs in the sandbox a stop or a DELETE is about to snapshot and let go. (A turn whose
+        sandbox was let go already is ending by itself, and writes to no workspace of this session.)"""
+        return self.turn is not None and self.conn is not None and self.turn.connection is self.conn
+
+    def _after_turn(self, kind: str, reason: str) -> Stage[Later[dict[str, Any]]]:
+        """Interrupt the running turn and answer the stop or DELETE (`kind`) once it has ended and is
+        stored (`end_turn`): a snapshot taken while the turn's tools still ran would miss what they
+        wrote between it and the sandbox's end. Bounded: a turn not ended `shutdown_grace` seconds
+        after the interrupt is cut short by letting its sandbox go, as before (`_turn_overdue`)."""
+        waiter: Later[dict[str, Any]] = Later()
+        self._ending.append((kind, waiter))
+        if len(self._ending) == 1:
+            turn = self.turn
+            assert turn is not None
+            try:
+                yield turn.connection.interrupt(turn.query_id, reason=reason)
+            except SandboxError:  # its bridge went meanwhile: the turn ends with it
+                log.debug("interrupt for a %s not sent", kind, exc_info=True, extra={"sessionId": self.session_id})
+            self._ending_query = turn.query_id
+            self._ending_bound = spawn_on_loop(self.deps.loop, self._bound_turn(turn.query_id),
+                                               "bounding an interrupted turn's end")
+        return waiter
+
+    async def _bound_turn(self, query_id: str) -> None:
+        await asyncio.sleep(self.deps.shutdown_grace)
+        forget(Asker(self.actor_ref).turn_overdue(query_id), "ending an interrupted turn that did not end")
+
+    @staged
+    def turn_overdue(self, query_id: str) -> Stage[None]:
+        """The interrupted turn `query_id` did not end within the grace: the stop or DELETE waiting
+        for it goes on now, letting the sandbox go under the turn (whose end is then stored as cut
+        short), after a snapshot of the workspace as it is."""
+        if not self._ending or self._ending_query != query_id:
+            return  # the turn ended in time
+        log.warning("the interrupted turn did not end within %.0f s: the sandbox goes under it",
+                    self.deps.shutdown_grace, extra={"sessionId": self.session_id})
+        yield from self._finish_ending()
+
+    def _finish_ending(self) -> Stage[None]:
+        """Answer the stops and DELETEs that waited for the turn: each kind done once, a stop before
+        a DELETE (which may follow it: a stopped session can be deleted, not the other way round)."""
+        yield ON_ACTOR_THREAD  # a snapshot and a sandbox's release wait for other actors
+        ending, self._ending = self._ending, []
+        if self._ending_bound is not None:
+            self._ending_bound.cancel()
+            self._ending_bound = None
+        for kind, now in (("stop", self._stop_now), ("delete", lambda: self._delete_now(True))):
+            waiters = [waiter for k, waiter in ending if k == kind]
+            if not waiters:
+                continue
+            try:
+                view = yield from now()
+            except Exception as exc:  # noqa: BLE001 - each waiting request gets the error as its answer
+                for waiter in waiters:
+                    waiter.set_exception(exc)
+            else:
+                for waiter in waiters:
+                    waiter.set_result(view)
 
     def _end_then_snapshot(self) -> Stage[dict[str, Any]]:
         """DELETE with no turn running: `ended` is stored and answered at once, and the workspace's
@@ -740,8 +827,11 @@ class SessionActor(StagedActor):
             self._turn_since_row = False
         else:
             self._turn_since_row = True
-        # The interrupted turn is stored: the pause asked for meanwhile happens now. Its waiters stay
-        # listed until answered, so that a stop meanwhile answers them (`_abandon_pauses`).
+        # The interrupted turn is stored: a stop or a DELETE asked for meanwhile happens now, then a
+        # pause (refused once either did). Waiters stay listed until answered, so that an actor that
+        # stops meanwhile answers them (`_abandon_waiters`).
+        if self._ending:
+            yield from self._finish_ending()
         if self._pause_waiters:
             try:
                 view = yield from self._pause_now()
@@ -985,17 +1075,20 @@ class SessionActor(StagedActor):
 
     def on_stop(self) -> None:
         super().on_stop()
-        self._abandon_pauses()
+        self._abandon_waiters()
 
     def on_failure(self, *exc_info: Any) -> None:
         super().on_failure(*exc_info)
-        self._abandon_pauses()
+        self._abandon_waiters()
 
-    def _abandon_pauses(self) -> None:
-        waiters, self._pause_waiters = self._pause_waiters, []
+    def _abandon_waiters(self) -> None:
+        waiters = self._pause_waiters + [waiter for _, waiter in self._ending]
+        self._pause_waiters, self._ending = [], []
+        if self._ending_bound is not None:
+            self._ending_bound.cancel()
         for waiter in waiters:
-            # Not paused: a new actor asked again answers from what is stored (the session ended, say).
-            waiter.set_exception(ActorGone("the session's actor stopped before the pause; try again"))
+            # Not done: a new actor asked again answers from what is stored (the session ended, say).
+            waiter.set_exception(ActorGone("the session's actor stopped before it was done; try again"))
 
 
 async def _update_models(proxy: Any, sandbox_id: str, models: Any) -> None:

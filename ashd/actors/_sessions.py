@@ -253,7 +253,7 @@ class SessionRegistry:
 
     async def stop(self, tenant: str, session_id: str) -> dict[str, Any]:
         view = await self._asking(tenant, session_id, lambda proxy: self._changed(
-            session_id, proxy.stop_session(), self.timeout * 2))
+            session_id, proxy.stop_session(), 2 * self.timeout + self.deps.shutdown_grace))
         await self._retire(session_id)
         return view
 
@@ -281,8 +281,10 @@ class SessionRegistry:
         """End the session. With `purge`, also delete its snapshots, messages and events: the
         record is gone afterwards (404), and what the tenant held for it is freed."""
         # `_inline` forgets the cached view first, whether it handles the request here or not.
+        # A running turn is interrupted and stored first (but for a purge): the answer waits for its end.
         view: dict[str, Any] = await self._asking(tenant, session_id, lambda proxy: call(
-            self._inline(session_id, "delete", not purge) or proxy.delete(not purge), self.timeout * 2))
+            self._inline(session_id, "delete", not purge) or proxy.delete(not purge),
+            2 * self.timeout + self.deps.shutdown_grace))
         ref = self._actors.pop(session_id, None)
         self._tenants.pop(session_id, None)
         self._views.pop(session_id, None)

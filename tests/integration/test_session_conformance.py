@@ -62,6 +62,48 @@ async def test_pause_while_a_turn_runs_interrupts_it_stores_it_then_pauses(
     assert_cut_turn_not_replayed(fake_model)
 
 
+@pytest.mark.parametrize("ending", ["stop", "delete"])
+async def test_a_stop_or_delete_while_a_tool_runs_interrupts_the_turn_stores_it_then_ends(
+        sapi: Api, fake_model: FakeModel, ending: str) -> None:  # noqa: F811
+    # As a pause: the turn is interrupted and stored, then the workspace is snapshotted with no tool
+    # of the turn still writing to it, then the sandbox goes. The tool's sleep is killed with the turn:
+    # the answer does not wait for it, nor for the grace a turn that does not end would get.
+    await deploy(sapi)
+    sid = (await create(sapi))["id"]
+    base = f"/api/sessions/{sid}"
+    token = f"END-{ending}"
+    fake_model.script(token, [
+        {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo begun > begun.txt; sleep 60"}}]},
+        {"content": [{"type": "text", "text": "never reached"}]},
+    ])
+    resp = await sapi.client.post(f"{base}/messages", json={"content": f"{token} please"}, headers=sapi.headers())
+
+    async def tool_running() -> bool:
+        return (await sapi.call("GET", f"{base}/files/begun.txt?format=json"))[0] == 200
+
+    await until(tool_running, "the turn's tool to be running")
+    status, body = await (sapi.call("POST", f"{base}/stop") if ending == "stop" else sapi.call("DELETE", base))
+    assert status == 200, body
+    assert body["session"]["status"] == ("stopped" if ending == "stop" else "ended")
+
+    frames = parse_frames((await asyncio.wait_for(resp.content.read(), 30)).decode())
+    assert [f.event for f in frames][-2:] == ["error", "done"]
+    why = f"interrupted: session {'stopped' if ending == 'stop' else 'deleted'}"
+    assert frames[-2].data["error"] == why
+    events = await _events(sapi, sid)
+    kinds = [(e["type"], json.loads(e["data"]) if e["data"] else None) for e in events]
+    cut = next(i for i, (t, d) in enumerate(kinds) if t == "error" and d and d["error"] == why)
+    end = next(i for i, (t, d) in enumerate(kinds) if t == "lifecycle" and d and d["action"] in ("stopped", "ended"))
+    assert cut < end  # the turn was stored before the session's end
+    status, got = await sapi.call("GET", f"{base}/files/begun.txt?format=json")  # from the final snapshot
+    assert status == 200 and got["content"] == "begun\n", got
+    if ending == "stop":
+        status, body = await sapi.call("POST", f"{base}/resume")
+        assert status == 200 and body["session"]["status"] == "active", body
+        status, got = await sapi.call("GET", f"{base}/files/begun.txt?format=json")
+        assert status == 200 and got["content"] == "begun\n", got
+
+
 async def test_pause_of_a_session_that_is_not_active_is_400(sapi: Api) -> None:  # noqa: F811
     await deploy(sapi)
     sid = (await create(sapi))["id"]

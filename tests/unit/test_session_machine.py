@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -558,19 +559,58 @@ async def test_a_turn_blocks_a_second_turn_and_a_pause_waits_for_its_end(machine
     assert (await machine.row(sid)).status == "paused"
 
 
-async def test_a_pause_waiting_for_the_turn_is_refused_once_a_stop_came_first(machine: Machine) -> None:
+async def test_a_stop_during_a_turn_waits_for_its_end_and_a_pause_waiting_too_is_refused(machine: Machine) -> None:
     sid, _ = await machine.create()
     ticket = await machine.ask(sid, "begin_turn", "hello", None)
     pausing = asyncio.ensure_future(machine.ask(sid, "pause"))
+    await asyncio.sleep(0.1)
+    stopping = asyncio.ensure_future(machine.ask(sid, "stop_session"))
     await asyncio.sleep(0.2)
-    assert (await machine.ask(sid, "stop_session"))["status"] == "stopped"
-    assert not pausing.done()  # it waits for the turn's end, as before
+    # Both wait for the interrupted turn's end (stored); the session is as it was meanwhile.
+    assert not pausing.done() and not stopping.done()
+    assert (await machine.row(sid)).status == "active"
     await machine.ask(sid, "end_turn", ticket.query_id)
+    assert (await asyncio.wait_for(stopping, T))["status"] == "stopped"  # the stop wins, though it came second
     with pytest.raises(ServiceError) as refused:
         async with asyncio.timeout(T):
             await pausing
     assert (refused.value.status_code, refused.value.message) == (
         400, "Session is stopped; only an active session can be paused")
+    assert await machine.lifecycle(sid) == ["created", "stopped"]
+
+
+async def test_a_stop_or_a_delete_snapshots_what_the_interrupted_turn_wrote_until_its_end(short_tmp: Path) -> None:
+    # A stop that snapshotted at once, then let the sandbox go under the turn, missed what the
+    # turn's tools wrote in between. Here the write comes after the stop was asked for.
+    async with open_machine(short_tmp, snapshots=True) as machine:
+        for ending in ("stop_session", "delete"):
+            sid, view = await machine.create()
+            ticket = await machine.ask(sid, "begin_turn", "hello", None)
+            asked = asyncio.ensure_future(machine.ask(sid, ending))
+            await asyncio.sleep(0.2)
+            assert not asked.done()
+            workspace = machine.launcher.paths_for(view["sandboxId"]).workspace
+            (workspace / "late.txt").write_text("written while the turn ended")
+            await machine.ask(sid, "end_turn", ticket.query_id)
+            assert (await asyncio.wait_for(asked, T))["status"] in ("stopped", "ended")
+            snapshotted = functools.partial(lambda sid: machine.snapshots.latest(sid).get(timeout=T) is not None, sid)
+            wait_for(snapshotted, T, "the final snapshot")
+            reader = machine.snapshots.reader(sid).get(timeout=T)
+            assert "late.txt" in {f.path for f in reader.list_files()}, ending
+        wait_for(lambda: machine.counts() == {}, T, "both sandboxes released")
+
+
+async def test_a_stop_does_not_wait_longer_than_the_grace_for_a_turn_that_does_not_end(machine: Machine) -> None:
+    sid, _ = await machine.create()
+    ticket = await machine.ask(sid, "begin_turn", "hello", None)
+    stopping = asyncio.ensure_future(machine.ask(sid, "stop_session"))
+    await asyncio.sleep(0.3)
+    assert not stopping.done()  # the turn is not told to end here: the grace (1 s) runs out
+    assert (await asyncio.wait_for(stopping, T))["status"] == "stopped"
+    assert (await machine.row(sid)).status == "stopped"
+    await machine.ask(sid, "end_turn", ticket.query_id)  # the cut-short turn's end, stored late, changes nothing
+    assert await machine.lifecycle(sid) == ["created", "stopped"]
+    assert await machine.ask(sid, "retirable") is True
 
 
 async def test_a_lost_sandbox_pauses_an_idle_session_and_not_a_turn(machine: Machine) -> None:
