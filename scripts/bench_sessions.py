@@ -455,6 +455,8 @@ async def main() -> None:
                 await c.call("POST", f"/api/sessions/{sid}/stop")
                 cold.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/resume")))[0])
             line("cold resume (after stop)", cold)
+            stops = await stops_during_turns(c, model_url, sid, max(5, args.n // 3))
+            line("stop during a turn (a tool running)", stops)
             await long_conversation(c, model_url, args.turns, ServerCpu(proc.pid))
             await mcp_agent(c, args.mcp)
         async with ashd_server(model_url, prewarm=0) as (url, key, _proc):
@@ -483,6 +485,27 @@ async def main() -> None:
             sids += [(await c.call("POST", "/api/sessions", {"agent": "bench"}))["session"]["id"]
                      for _ in range(max(0, args.stalled - len(sids)))]
             await stalled_stream(url, key, sids[:max(1, args.stalled)], proc)
+
+
+async def stops_during_turns(c: Client, model_url: str, sid: str, rounds: int) -> list[float]:
+    """ms of a stop sent while a turn's Bash tool runs: the turn is interrupted and stored, then the
+    workspace snapshotted and the sandbox let go. The session is resumed (cold) between rounds."""
+    await c.http.post(model_url + "/_fake/scripts", json={"match": "bench-tool", "turns": [
+        {"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "sleep 30"}}]},
+        {"content": [{"type": "text", "text": "never reached"}]}]})
+    out = []
+    for _ in range(rounds):
+        await c.call("POST", f"/api/sessions/{sid}/resume")
+        async with c.http.post(f"{c.url}/api/sessions/{sid}/messages", headers=c.headers,
+                               json={"content": "bench-tool"}) as resp:
+            async for raw in resp.content:  # the tool's call has come: it runs
+                if raw.startswith(b"data:") and b'"tool_use"' in raw:
+                    break
+            await asyncio.sleep(0.05)
+            out.append((await timed(lambda: c.call("POST", f"/api/sessions/{sid}/stop")))[0])
+            async for _ in resp.content:  # its error and done
+                pass
+    return out
 
 
 async def long_conversation(c: Client, model_url: str, turns: int, cpu: ServerCpu) -> None:

@@ -433,10 +433,7 @@ class SessionActor(StagedActor):
             turn = self.turn
             # A turn whose sandbox a stop or a DELETE let go is ending by itself already.
             if len(self._pause_waiters) == 1 and turn.connection is self.conn:
-                try:
-                    yield turn.connection.interrupt(turn.query_id, reason="session paused")
-                except SandboxError:  # its bridge went meanwhile: the turn ends with it, then `end_turn` pauses
-                    log.debug("interrupt for a pause not sent", exc_info=True, extra={"sessionId": self.session_id})
+                yield from self._interrupt(turn, "session paused")
             return waiter
         return (yield from self._pause_now())
 
@@ -520,10 +517,7 @@ class SessionActor(StagedActor):
         if len(self._ending) == 1:
             turn = self.turn
             assert turn is not None
-            try:
-                yield turn.connection.interrupt(turn.query_id, reason=reason)
-            except SandboxError:  # its bridge went meanwhile: the turn ends with it
-                log.debug("interrupt for a %s not sent", kind, exc_info=True, extra={"sessionId": self.session_id})
+            yield from self._interrupt(turn, reason)
             self._ending_query = turn.query_id
             self._ending_bound = spawn_on_loop(self.deps.loop, self._bound_turn(turn.query_id),
                                                "bounding an interrupted turn's end")
@@ -850,11 +844,17 @@ class SessionActor(StagedActor):
             raise Conflict("No turn is running")
         turn = self.turn
         if turn.connection is self.conn:
-            try:
-                yield turn.connection.interrupt(turn.query_id)
-            except SandboxError:  # its bridge went meanwhile: the turn is ending with it
-                log.debug("interrupt not sent", exc_info=True, extra={"sessionId": self.session_id})
+            yield from self._interrupt(turn, None)
         return {"ok": True, "sessionId": self.session_id}
+
+    def _interrupt(self, turn: TurnTicket, reason: str | None) -> Stage[None]:
+        """Ask the bridge to interrupt `turn` (its stream ends `interrupted[: reason]`); its end, stored,
+        comes as `end_turn`. A bridge gone meanwhile ends the turn with it, the same way."""
+        try:
+            yield turn.connection.interrupt(turn.query_id, reason=reason)
+        except SandboxError:
+            log.debug("interrupt (%s) not sent", reason or "asked for", exc_info=True,
+                      extra={"sessionId": self.session_id})
 
     def workspace(self) -> Path | None:
         """The live workspace when this session has a sandbox, else None (use the snapshot)."""

@@ -246,7 +246,12 @@ class Credential(Base):
 
 class UsageEvent(Base):
     __tablename__ = "usage_events"
-    __table_args__ = (Index("ix_usage_tenant_created", "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_usage_tenant_created", "tenant_id", "created_at"),
+        # Covers the sums of /api/usage/stats (every column they filter on or add up): an index-only
+        # scan, not a table row looked up per record (docs/performance.md, thirty-ninth pass).
+        Index("ix_usage_sums", "tenant_id", "event_type", "created_at", "agent_name", "value"),
+    )
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     tenant_id: Mapped[str] = mapped_column(String(255))
     session_id: Mapped[str] = mapped_column(String(36), index=True)

@@ -97,6 +97,7 @@ class Cluster:
                                     stdout=subprocess.DEVNULL)
         runner = RunnerProc(runner_id, port, proc, log)
         self.runners.append(runner)
+        _STARTED[runner_id] = runner
         return runner
 
     def stop_all(self) -> None:
@@ -154,15 +155,27 @@ def url_of(api: Api) -> str:
     return str(api.client.make_url("")).rstrip("/")
 
 
+# The runners this test process started last, by id: a wait for one that exited says why at once.
+_STARTED: dict[str, RunnerProc] = {}
+
+
 async def wait_registered(api: Api, *runner_ids: str, timeout: float = 90.0) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
         status, body = await api.call("GET", "/api/internal/runners", key=SECRET)
         assert status == 200, body
         runners = body["runners"]
-        if {r["runnerId"] for r in runners} >= set(runner_ids):
+        seen = {r["runnerId"] for r in runners}
+        if seen >= set(runner_ids):
             return list(runners)
-        assert time.monotonic() < deadline, f"runners {runner_ids} did not register: {runners}"
+        for runner_id in set(runner_ids) - seen:
+            started = _STARTED.get(runner_id)
+            if started is not None and started.proc.poll() is not None:
+                raise AssertionError(f"runner {runner_id} exited ({started.proc.returncode}) before it "
+                                     f"registered:\n{started.output()[-3000:]}")
+        if time.monotonic() >= deadline:
+            logs = {i: _STARTED[i].output()[-2000:] for i in set(runner_ids) - seen if i in _STARTED}
+            raise AssertionError(f"runners {runner_ids} did not register: {runners}\n{logs}")
         await asyncio.sleep(0.2)
 
 
