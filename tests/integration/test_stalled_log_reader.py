@@ -21,9 +21,11 @@ REQUESTS = 800  # each logs "credential stored": several times a pipe's 64 KiB
 
 async def test_a_server_whose_stderr_is_not_read_keeps_answering(short_tmp: Path) -> None:
     port = free_port()
+    # No fork server: its mount namespace would hold a copy of other tests' sandbox disks' mounts,
+    # and with them their loop devices, while this server runs.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVICE_", "ASHD_"))}
     env.update({"SERVICE_DATA_DIR": str(short_tmp / "data"), "SERVICE_HOST": "127.0.0.1", "SERVICE_PORT": str(port),
-                "SERVICE_PREWARM": "0", "SERVICE_LOG_LEVEL": "info", "SERVICE_RATE_LIMIT_RPS": "100000",
+                "SERVICE_PREWARM": "0", "SERVICE_ZYGOTE": "0", "SERVICE_LOG_LEVEL": "info", "SERVICE_RATE_LIMIT_RPS": "100000",
                 "SERVICE_RATE_LIMIT_BURST": "100000", "SERVICE_TENANT_MAX_CREDENTIALS": str(REQUESTS),
                 "ANTHROPIC_API_KEY": "sk-ant-test"})
     proc = subprocess.Popen([sys.executable, "-m", "ashd", "serve"], env=env, cwd=short_tmp,
