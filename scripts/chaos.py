@@ -2,6 +2,11 @@
 """Many clients doing anything to a few shared sessions at once, then what must still hold.
 
     .venv/bin/python scripts/chaos.py [--clients 8] [--slots 6] [--seconds 60] [--seed 1] [--postgres URL]
+        [--runners N]
+
+`--runners N` serves the clients from a coordinator with N `ashd runner`s behind it (on `--postgres`,
+default ASHD_TEST_POSTGRES_URL's): every operation then crosses the seam to the runner that holds
+the session, as on a deployment of several machines.
 
 The table's benchmarks and the tests each do one thing to a session at a time. Here `--clients`
 clients, each on its own connection, pick one of `--slots` sessions at random and do one of every
@@ -32,13 +37,16 @@ import argparse
 import asyncio
 import base64
 import collections
+import contextlib
 import json
+import os
 import random
 import shutil
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +54,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sessions as bs
-from bench_sessions import ashd_server, fake_model
+from bench_coordinator import API_KEY, SECRET, Processes, wait_runners
+from bench_sessions import ashd_server, fake_model, free_port, fresh_database, wait_http
 
 OPS: list[tuple[str, int]] = [
     ("get", 10), ("pause", 5), ("resume", 5), ("stop", 2), ("message", 10), ("message-abort", 4),
@@ -60,6 +69,10 @@ TURN_SCRIPTS = [
         {"content": [{"type": "text", "text": "done it"}]}]},
     {"match": "chaos-slow", "turns": [{"delay": 0.02, "content": [{"type": "text", "text": "slow " * 40}]}]},
 ]
+
+
+PREWARM = 4
+HUNG_S = 30.0  # no operation here takes this long (the slowest, a turn, takes well under a second)
 
 
 class Tally:
@@ -83,6 +96,8 @@ class Client:
     def __init__(self, http: aiohttp.ClientSession, url: str, key: str, tally: Tally) -> None:
         self.http, self.url, self.tally = http, url, tally
         self.headers = {"Authorization": f"Bearer {key}"}
+        self.doing: tuple[str, str, float] | None = None  # the operation in flight, its session, its start
+        self.pending: list[asyncio.Task[Any]] = []  # interrupts sent beside a stream
 
     async def call(self, op: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         skip = () if body is not None else ("Content-Type",)
@@ -121,8 +136,8 @@ class Client:
                 if events[-1] == "message" and mode == "message-abort":
                     return  # the reader goes away; the turn goes on and is stored
                 if events[-1] == "message" and mode == "message-interrupt" and events.count("message") == 1:
-                    asyncio.get_running_loop().create_task(
-                        self.call("interrupt", "POST", f"/api/sessions/{sid}/interrupt"))
+                    self.pending.append(asyncio.get_running_loop().create_task(
+                        self.call("interrupt", "POST", f"/api/sessions/{sid}/interrupt")))
         if not events or events[-1] != "done":
             self.tally.breaches.append(f"{mode} {sid}: the stream ended without `done`: {events[-4:]}")
         elif "error" not in events:
@@ -134,6 +149,7 @@ async def _one(c: Client, slots: list[str], rnd: random.Random) -> None:
     sid = slots[i]
     base = f"/api/sessions/{sid}"
     op = rnd.choices([name for name, _ in OPS], [weight for _, weight in OPS])[0]
+    c.doing = (op, sid, time.monotonic())
     if op == "get":
         await c.call(op, "GET", base)
     elif op in ("pause", "resume", "stop"):
@@ -187,9 +203,27 @@ async def _client(c: Client, slots: list[str], until: float, rnd: random.Random)
         try:
             await _one(c, slots, rnd)
         except (TimeoutError, aiohttp.ClientError) as exc:
-            c.tally.breaches.append(f"client error: {exc!r}")
+            op, sid, t0 = c.doing or ("?", "?", time.monotonic())
+            c.tally.breaches.append(f"{op} {sid}: client error after {time.monotonic() - t0:.1f} s: {exc!r}")
+        c.doing = None
         n += 1
+    for result in await asyncio.gather(*c.pending, return_exceptions=True):
+        if isinstance(result, BaseException):
+            c.tally.breaches.append(f"interrupt: client error: {result!r}")
     return n
+
+
+async def _watch(clients: list[Client], tally: Tally) -> None:
+    """Say at once when an operation has taken over HUNG_S (a hang to look at while it lasts)."""
+    seen: set[tuple[str, str, float]] = set()
+    while True:
+        await asyncio.sleep(1)
+        now = time.monotonic()
+        for c in clients:
+            if c.doing is not None and now - c.doing[2] > HUNG_S and c.doing not in seen:
+                seen.add(c.doing)
+                tally.breaches.append(f"{c.doing[0]} {c.doing[1]}: no answer for {HUNG_S:.0f} s")
+                print(f"hung: {c.doing[0]} on {c.doing[1]}", file=sys.stderr, flush=True)
 
 
 async def _check_stored(c: Client, tally: Tally) -> None:
@@ -211,17 +245,55 @@ async def _check_stored(c: Client, tally: Tally) -> None:
                 tally.breaches.append(f"{sid}: a prompt answered `done` is stored {stored[prompt]} times")
 
 
-async def _check_released(c: Client, tally: Tally, prewarm: int) -> None:
+async def _check_released(c: Client, tally: Tally, runner_urls: list[str]) -> None:
     for sid in sorted(tally.made):
         await c.call("cleanup", "DELETE", f"/api/sessions/{sid}")
     health: Any = None
     for _ in range(100):
         _, health = await c.call("health", "GET", "/health")
-        pool = health.get("pool", {})
-        if health.get("activeSessions") == 0 and pool.get("waiting", 0) + pool.get("running", 0) == 0:
+        pools = [health.get("pool", {})]
+        for url in runner_urls:  # a runner's own /health: its pool (the coordinator's has none)
+            async with c.http.get(url + "/health") as resp:
+                pools.append((await resp.json()).get("pool", {}))
+        if health.get("activeSessions") == 0 and all(p.get("waiting", 0) + p.get("running", 0) == 0 for p in pools):
             return
         await asyncio.sleep(0.1)
     tally.breaches.append(f"after every session was deleted: {json.dumps(health)[:300]}")
+
+
+@contextlib.asynccontextmanager
+async def _standalone(model_url: str, data: Path) -> AsyncIterator[tuple[str, str, list[str]]]:
+    env = {"SERVICE_MAX_SANDBOXES": "64", "SERVICE_LOG_LEVEL": "info"}
+    async with ashd_server(model_url, prewarm=PREWARM, extra_env=env, data=data) as (url, key, _proc):
+        yield url, key, []
+
+
+@contextlib.asynccontextmanager
+async def _cluster(model_url: str, data: Path, runners: int, pg: str) -> AsyncIterator[tuple[str, str, list[str]]]:
+    """A coordinator and `runners` runners on a fresh database, their logs `<name>.log` in `data`."""
+    procs = Processes(data, model_url)
+    async with fresh_database(pg) as db:  # dropped after the processes using it have stopped
+        try:
+            coord = free_port()
+            procs.start("coordinator", "serve", SERVICE_MODE="coordinator", SERVICE_PORT=str(coord),
+                        SERVICE_DATABASE_URL=db, SERVICE_API_KEY=API_KEY, SERVICE_INTERNAL_SECRET=SECRET,
+                        SERVICE_LOG_LEVEL="info")
+            url = f"http://127.0.0.1:{coord}"
+            await wait_http(url + "/health", 120)
+            runner_urls = []
+            for i in range(runners):
+                port = free_port()
+                procs.start(f"runner-{i + 1}", "runner", SERVICE_RUNNER_ID=f"runner-{i + 1}", SERVICE_SERVER_URL=url,
+                            SERVICE_RUNNER_PORT=str(port), SERVICE_PORT=str(free_port()),
+                            SERVICE_RUNNER_ADVERTISE_HOST="127.0.0.1", SERVICE_DATABASE_URL=db,
+                            SERVICE_INTERNAL_SECRET=SECRET, SERVICE_MAX_SANDBOXES="32",
+                            SERVICE_PREWARM=str(PREWARM // runners or 1), SERVICE_LOG_LEVEL="info")
+                runner_urls.append(f"http://127.0.0.1:{port}")
+            async with aiohttp.ClientSession() as http:
+                await wait_runners(bs.Client(http, url, API_KEY), runners)
+            yield url, API_KEY, runner_urls
+        finally:
+            procs.stop()
 
 
 async def main() -> int:
@@ -231,38 +303,44 @@ async def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--postgres", metavar="URL", help="store in PostgreSQL (a fresh database)")
+    parser.add_argument("--runners", type=int, default=0,
+                        help="serve from a coordinator with this many runners (PostgreSQL: --postgres or the default)")
     args = parser.parse_args()
     bs.POSTGRES = args.postgres
     rnd = random.Random(args.seed)
     tally = Tally()
     data = Path(tempfile.mkdtemp(prefix="ashd-chaos-", dir="/tmp"))
-    prewarm = 4
+    pg = args.postgres or os.environ.get("ASHD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
     async with fake_model() as model_url, aiohttp.ClientSession() as http:
         for script in TURN_SCRIPTS:
             await http.post(model_url + "/_fake/scripts", json=script)
-        env = {"SERVICE_MAX_SANDBOXES": "64", "SERVICE_LOG_LEVEL": "info"}
-        async with ashd_server(model_url, prewarm=prewarm, extra_env=env, data=data) as (url, key, _proc):
+        server = _cluster(model_url, data, args.runners, pg) if args.runners else _standalone(model_url, data)
+        async with server as (url, key, runner_urls):
             admin = Client(http, url, key, tally)
             await admin.call("agent", "POST", "/api/agents", {"name": "chaos", "systemPrompt": "You are chaos."})
             slots = [sid for sid in [await admin.create() for _ in range(args.slots)] if sid]
             https = [aiohttp.ClientSession() for _ in range(args.clients)]
+            clients = [Client(h, url, key, tally) for h in https]
+            watch = asyncio.create_task(_watch(clients, tally))
             t0 = time.monotonic()
             try:
-                counts = await asyncio.gather(*(_client(Client(h, url, key, tally), slots, t0 + args.seconds,
-                                                        random.Random(rnd.random())) for h in https))
+                counts = await asyncio.gather(*(_client(c, slots, t0 + args.seconds, random.Random(rnd.random()))
+                                                for c in clients))
             finally:
+                watch.cancel()
                 for h in https:
                     await h.close()
             wall = time.monotonic() - t0
             await asyncio.sleep(2)  # the aborted readers' turns finish and are stored
             await _check_stored(admin, tally)
-            await _check_released(admin, tally, prewarm)
-    log_lines = (data / "server.log").read_text(errors="replace").splitlines()
-    for line in log_lines:
-        # Nothing here makes a sandbox crash: one said to have exited is one let go taken for a crash.
-        if ('"level": "error"' in line or '"level": "critical"' in line or line.startswith("Traceback")
-                or '"msg": "sandbox exited' in line):
-            tally.breaches.append(f"server log: {line[:300]}")
+            await _check_released(admin, tally, runner_urls)
+    logs = sorted(data.glob("*.log"))
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            # Nothing here makes a sandbox crash: one said to have exited is one let go taken for a crash.
+            if ('"level": "error"' in line or '"level": "critical"' in line or line.startswith("Traceback")
+                    or '"msg": "sandbox exited' in line):
+                tally.breaches.append(f"{log.name}: {line[:300]}")
     print(f"{sum(counts)} operations by {args.clients} clients on {args.slots} shared sessions in {wall:.1f} s "
           f"({sum(counts) / wall:,.0f}/s), {len(tally.made)} sessions made")
     for op, statuses in sorted(tally.statuses.items()):
@@ -270,7 +348,7 @@ async def main() -> int:
     for (op, status), text in sorted(tally.examples.items()):
         print(f"  e.g. {op} {status}: {text}")
     if tally.breaches:
-        print(f"{len(tally.breaches)} breaches (the server's log: {data / 'server.log'}):")
+        print(f"{len(tally.breaches)} breaches (the servers' logs: {', '.join(str(log) for log in logs)}):")
         for breach in tally.breaches[:50]:
             print("  " + breach)
         return 1

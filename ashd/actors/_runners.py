@@ -64,23 +64,29 @@ class RunnerInfo:
 def choose(runners: Sequence[RunnerInfo], now: dt.datetime, liveness_seconds: float,
            placed: dict[str, int] | None = None, exclude: frozenset[str] = frozenset()) -> RunnerInfo | None:
     """The alive runner with the most available capacity (ties: the lowest id, so every coordinator
-    agrees), or None when no alive runner has room. Coordinators' local pools only when no runner
-    (`ashd runner`) has room: they are the fallback SERVICE_COORDINATOR_LOCAL promises."""
+    agrees), or None when no runner is alive. Coordinators' local pools only when no runner
+    (`ashd runner`) has room: they are the fallback SERVICE_COORDINATOR_LOCAL promises.
+
+    When none seems to have room, the one with the most is still chosen: what this coordinator
+    knows is a heartbeat up to SERVICE_RUNNER_HEARTBEAT_SECONDS old plus every session it placed
+    since, counted as running though most may have ended. A coordinator that refused on that
+    estimate answered 503 to a steady stream of short sessions on idle runners; the runner itself
+    refuses at the door when it is full (`X-Runner-Full`), and the create goes on to the next."""
     placed = placed or {}
+    fallback: RunnerInfo | None = None
     for local_pools in (False, True):
         best: RunnerInfo | None = None
         for runner in sorted(runners, key=lambda r: r.runner_id):
             if (runner.local_pool != local_pools or runner.runner_id in exclude
                     or not runner.alive(now, liveness_seconds)):
                 continue
-            room = runner.available(placed.get(runner.runner_id, 0))
-            if room <= 0:
-                continue
-            if best is None or room > best.available(placed.get(best.runner_id, 0)):
+            if best is None or runner.available(placed.get(runner.runner_id, 0)) > best.available(
+                    placed.get(best.runner_id, 0)):
                 best = runner
-        if best is not None:
+        if best is not None and best.available(placed.get(best.runner_id, 0)) > 0:
             return best
-    return None
+        fallback = fallback or best
+    return fallback
 
 
 class RunnerRegistryActor(StagedActor):

@@ -277,6 +277,23 @@ async def test_routing_by_capacity_over_two_runners(cluster: Cluster, coordinato
     assert sorted(s["runnerId"] for s in body["sessions"]) == sorted(placed)
 
 
+async def test_short_sessions_between_two_heartbeats_are_not_refused_on_an_idle_runner(
+        cluster: Cluster, coordinator: Api, agent_dir: Path) -> None:
+    # One sandbox, and a heartbeat seldom enough that these creates all fall between two: the
+    # coordinator counts each one it placed as running until the next heartbeat, though each was
+    # deleted before the next create. It used to answer 503 "no runners are available" from the
+    # second create on; the runner itself has room, and says so.
+    cluster.start_runner("r-one", url_of(coordinator), max_sandboxes=1,
+                         env={"SERVICE_RUNNER_HEARTBEAT_SECONDS": "20"})
+    await wait_registered(coordinator, "r-one")
+    await deploy(coordinator, agent_dir)
+    for _ in range(3):
+        session = await create(coordinator)
+        assert session["runnerId"] == "r-one", session
+        status, body = await coordinator.call("DELETE", f"/api/sessions/{session['id']}")
+        assert status == 200, body
+
+
 async def test_no_runner_is_503_and_the_fallback_setting_serves_locally(
         cluster: Cluster, aiohttp_client: Any, short_tmp: Path, pg: str, agent_dir: Path) -> None:
     server, api = await start_api(aiohttp_client, coordinator_settings(short_tmp, pg, "none"))

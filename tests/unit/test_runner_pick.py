@@ -34,9 +34,8 @@ def test_ties_go_to_the_lowest_id_so_every_coordinator_agrees() -> None:
     assert choose([runner("b", 4), runner("a", 4)], NOW, 30).runner_id == "a"  # type: ignore[union-attr]
 
 
-def test_silent_full_and_excluded_runners_are_skipped() -> None:
+def test_silent_and_excluded_runners_are_skipped() -> None:
     assert choose([runner("a", 100, age=31)], NOW, 30) is None  # no heartbeat for longer than liveness
-    assert choose([runner("a", 2, running=2)], NOW, 30) is None  # full
     assert choose([runner("a", 9), runner("b", 1)], NOW, 30, exclude=frozenset({"a"})).runner_id == "b"  # type: ignore[union-attr]
     assert choose([], NOW, 30) is None
     marked = RunnerInfo("a", "h", 1, 9, 0, 0, NOW, dead=True)  # a sweep marked it dead: fresh beat or not
@@ -48,6 +47,15 @@ def test_sessions_placed_since_the_last_heartbeat_count() -> None:
     assert choose(runners, NOW, 30, placed={"a": 2}).runner_id == "b"  # type: ignore[union-attr]
 
 
+def test_a_runner_that_seems_full_is_still_asked_the_one_with_most_room_first() -> None:
+    # The estimate counts every session placed since the heartbeat as running, though most may
+    # have ended: it orders the runners, and the runner refuses at the door when it is full.
+    assert choose([runner("a", 2, running=2)], NOW, 30).runner_id == "a"  # type: ignore[union-attr]
+    runners = [runner("a", 2), runner("b", 2)]
+    assert choose(runners, NOW, 30, placed={"a": 5, "b": 3}).runner_id == "b"  # type: ignore[union-attr]
+    assert choose(runners, NOW, 30, placed={"a": 5, "b": 3}, exclude=frozenset({"b"})).runner_id == "a"  # type: ignore[union-attr]
+
+
 def test_coordinators_local_pools_take_sessions_only_when_no_runner_has_room() -> None:
     pool = RunnerInfo.from_json({"runnerId": "a-pool", "host": "h", "port": 1, "maxSandboxes": 50,
                                  "stats": {"running": 0, "coordinatorLocal": 1},
@@ -55,6 +63,11 @@ def test_coordinators_local_pools_take_sessions_only_when_no_runner_has_room() -
     assert pool.local_pool and not runner("b", 2).local_pool
     assert choose([pool, runner("b", 2, running=1)], NOW, 30).runner_id == "b"  # type: ignore[union-attr]
     assert choose([pool, runner("b", 2, running=2)], NOW, 30).runner_id == "a-pool"  # type: ignore[union-attr]
+    full_pool = RunnerInfo.from_json({"runnerId": "a-pool", "host": "h", "port": 1, "maxSandboxes": 1,
+                                      "stats": {"running": 1, "coordinatorLocal": 1},
+                                      "lastHeartbeatAt": NOW.isoformat()})
+    # Nothing seems to have room: a runner is asked before the fallback pool.
+    assert choose([full_pool, runner("b", 2, running=2)], NOW, 30).runner_id == "b"  # type: ignore[union-attr]
     assert choose([pool, runner("b", 2)], NOW, 30, exclude=frozenset({"b"})).runner_id == "a-pool"  # type: ignore[union-attr]
 
 
@@ -76,22 +89,23 @@ async def test_the_actor_spreads_a_burst_and_reads_again_after_its_ttl() -> None
     try:
         proxy = ref.proxy()
         picked = [(await call(proxy.pick(), 5)) for _ in range(5)]
-        assert [p.runner_id if p else None for p in picked] == ["a", "a", "a", "b", None]  # 3 v 1, then full
+        # 3 v 1; then both seem full and the tie goes to the lowest id.
+        assert [p.runner_id if p else None for p in picked] == ["a", "a", "a", "b", "a"]
         assert reads == 1
         found = await call(proxy.address("b"), 5)
         assert found is not None and found.address == "http://h2:2"
         assert await call(proxy.address("gone"), 5) is None
         await asyncio.sleep(0.6)
         # A fresh read with the same heartbeats: what was placed since them still counts (a burst
-        # that outlasts the TTL is spread the same).
-        assert await call(proxy.pick(), 5) is None
+        # that outlasts the TTL is spread the same): a 3 - 4, b 1 - 1.
+        assert (await call(proxy.pick(), 5)).runner_id == "b"  # type: ignore[union-attr]
         assert reads >= 2
         # A later heartbeat reports its own counts, which include the sessions placed before it.
         beat = dt.datetime.now(dt.UTC).isoformat()
         rows[0] = {**rows[0], "stats": {"running": 1, "warming": 0}, "lastHeartbeatAt": beat}
         rows[1] = {**rows[1], "stats": {"running": 1, "warming": 0}, "lastHeartbeatAt": beat}
         await asyncio.sleep(0.6)
-        assert [(await call(proxy.pick(), 5)) for _ in range(3)] == [RunnerInfo.from_json(rows[0])] * 2 + [None]
+        assert [(await call(proxy.pick(), 5)) for _ in range(3)] == [RunnerInfo.from_json(rows[0])] * 3
     finally:
         await asyncio.to_thread(lambda: ref.stop(block=True, timeout=5))
         pykka.ActorRegistry.stop_all(timeout=5)
