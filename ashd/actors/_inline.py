@@ -48,15 +48,56 @@ class TurnInbox(queue.Queue[Any]):
         # (`StagedActor.lazy_thread`).
         self.on_put: Callable[[], None] | None = None
 
+        # Set once the actor has stopped and its inbox was emptied (`close`): what is put from then
+        # on is refused at once (`_refuse`), never left waiting in an inbox nobody reads.
+        self.closed = False
+        self._refused: list[Any] = []
+
     def _put(self, item: Any) -> None:
+        if self.closed:  # under the queue's lock, as `close` sets it
+            self._refused.append(item)
+            return
         self.puts += 1
         super()._put(item)
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if self.closed:
+            _refuse(item)
+            return
         super().put(item, block, timeout)
+        if self.closed:  # closed while this put waited for the lock: it was refused, not queued
+            with self.mutex:
+                refused, self._refused = self._refused, []
+            for late in refused:
+                _refuse(late)
+            return
         on_put = self.on_put
         if on_put is not None:
             on_put()
+
+    def close(self) -> None:
+        """The actor has stopped: what its inbox holds, and whatever is put from now on, is refused
+        with ActorDeadError. pykka's `ask` checks that the actor is alive and then puts: a put
+        between the two that came after the actor's last look at its inbox was never answered, and
+        its caller waited out its whole timeout (minutes for a resume or a turn on a runner, where
+        an actor retires on its own thread while the loop asks it)."""
+        with self.mutex:
+            self.closed = True
+            left = list(self.queue)
+            self.queue.clear()
+        for item in left:
+            _refuse(item)
+
+
+def _refuse(envelope: Any) -> None:
+    reply_to = getattr(envelope, "reply_to", None)
+    if reply_to is None:
+        return  # a tell: nobody waits for it
+    if isinstance(envelope.message, pykka.messages._ActorStop):  # a stop of a stopped actor: done
+        reply_to.set(None)
+        return
+    dead = pykka.ActorDeadError("the actor stopped before it handled the message")
+    reply_to.set_exception(exc_info=(pykka.ActorDeadError, dead, None))
 
 
 class TurnTakingActor(AioActor):
@@ -75,6 +116,12 @@ class TurnTakingActor(AioActor):
     @staticmethod
     def _create_actor_inbox() -> TurnInbox:
         return TurnInbox()
+
+    def _actor_loop_teardown(self) -> None:
+        super()._actor_loop_teardown()
+        inbox = self.actor_inbox
+        assert isinstance(inbox, TurnInbox)
+        inbox.close()
 
     def _handle_receive(self, message: Any) -> Any:
         # Each message is handled holding the actor's turn, which a request handled on its caller's

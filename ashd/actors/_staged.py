@@ -163,6 +163,7 @@ class StagedActor(TurnTakingActor):
                     return False
                 inbox.on_put = None  # never started: a message from now on finds it stopped
                 self._stop()
+                inbox.close()  # one put by an ask that saw it alive just before is refused, not kept
         return True
 
     def __init__(self, loop: Any, stage_timeout: float) -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pykka
 import pytest
+from pykka._envelope import Envelope
 
-from ashd.actors._aio import Later, call
+from ashd.actors._aio import ActorGone, Later, call
 from ashd.actors._inline import TurnTakingActor, call_inline, try_inline
 from ashd.actors._staged import ON_ACTOR_THREAD, OnLoop, Stage, StagedActor, staged, stop_soon
 from ashd.errors import BadRequest, Unavailable
@@ -345,6 +346,29 @@ async def test_a_lazy_actor_stopped_before_its_thread_started_stops() -> None:
     for thread in _threads_of(ref):  # it ends once its stop is handled
         thread.join(5)
         assert not thread.is_alive()
+
+
+async def test_an_ask_that_saw_the_actor_alive_just_before_it_stopped_is_answered_at_once() -> None:
+    """pykka's `ask` checks that the actor is alive, then puts its message in the inbox. An actor
+    that stops in between (it retires on its own thread while the loop asks it, as session actors do
+    on a runner) has already emptied its inbox for the last time: the message was never answered and
+    its caller waited out its whole timeout. Here the put comes after the stop, as it does then."""
+    for lazy in (False, True):
+        ref = (LazyRecorder if lazy else Recorder).start(asyncio.get_running_loop())
+        actor = _owner(ref)
+        if not lazy:
+            await call(ref.proxy().step("its thread runs"), 5)
+        threads = _threads_of(ref)
+        stop_soon(ref)  # a lazy one with no thread stops here, the other on its thread
+        for thread in threads:
+            thread.join(5)
+        assert not ref.is_alive()
+        late: pykka.Future[Any] = actor._create_future()
+        ref.actor_inbox.put(Envelope(_Step("after its last look at its inbox"), reply_to=late))
+        with pytest.raises(ActorGone):  # at once (asked again of a new actor); it used to wait for ever
+            await call(late, 1)
+        ref.actor_inbox.put(Envelope(_Step("a tell"), reply_to=None))  # nobody waits: dropped
+        assert ref.actor_inbox.empty()
 
 
 class Counter(TurnTakingActor):
