@@ -73,6 +73,9 @@ class _Entry:
     guard: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
     running: bool = False
     taken: bool = False
+    # Its session let it go (`SandboxHandle.letting_go`), set from the session's thread before the
+    # release is told to this actor: an exit seen before that release is handled is the one asked for.
+    released: bool = False
 
     @property
     def generic(self) -> bool:
@@ -227,7 +230,12 @@ class PoolActor(TurnTakingActor):
         meter = getattr(entry.proc, "meter", None)
         return SandboxHandle(entry.sandbox_id, paths, prewarmed=prewarmed, meter=meter,
                              disk_bytes=entry.disk_bytes, alive=functools.partial(self._holds, entry),
-                             hold=functools.partial(self._hold, entry), unhold=functools.partial(self._unhold, entry))
+                             hold=functools.partial(self._hold, entry), unhold=functools.partial(self._unhold, entry),
+                             letting_go=functools.partial(self._letting_go, entry))
+
+    @staticmethod
+    def _letting_go(entry: _Entry) -> None:
+        entry.released = True  # one write, read by this actor's thread (`_exited`)
 
     def _hold(self, entry: _Entry) -> bool:
         """`mark_running` from the session's thread, without a trip through this actor's mailbox
@@ -373,9 +381,12 @@ class PoolActor(TurnTakingActor):
         self._publish()
 
     def _exited(self, sandbox_id: str, info: ExitInfo) -> None:
-        entry = self._entries.pop(sandbox_id, None)
-        if entry is None:
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.released:
+            # Released by its session, which asked its bridge to exit: a sweep or a check queued
+            # before the release saw that exit. The release, told already, stops what is left.
             return
+        del self._entries[sandbox_id]
         log.warning("sandbox exited: %s", info.describe(), extra={"sandboxId": sandbox_id,
                                                                    "sessionId": entry.session_id})
         # Its workspace outlives its processes: stored as the session's newest snapshot, here and

@@ -44,6 +44,9 @@ class SandboxHandle:
     # thread without asking the pool (`PoolActor._hold`). None: ask (`mark_running`, `mark_waiting`).
     hold: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
     unhold: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    # Say, from the session's thread, that it lets the sandbox go (its release is on its way to
+    # the pool): the bridge's exit on the shutdown it is asked for is then no crash.
+    letting_go: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -1003,6 +1003,7 @@ class SessionActor(StagedActor):
         def go(_: concurrent.futures.Future[Any] | None = None) -> None:  # `after`'s thread, or this one
             gone: concurrent.futures.Future[Any] = concurrent.futures.Future()
             if handle is not None:  # told first: the bridge's exit on its shutdown is then no crash
+                _letting_go(handle)
                 pool.release(handle.sandbox_id, after=gone)
             done = spawn_on_loop(loop, let_go(handle, conn), "letting a session's sandbox go")
             if done is None:
@@ -1025,7 +1026,9 @@ class SessionActor(StagedActor):
         if handle is not None:
             # The pool lets it go from now on and stops it once the steps below are done: a bridge
             # that exits on the shutdown request is not taken for one that crashed (a warning, its
-            # workspace snapshotted again, a loss told to this session).
+            # workspace snapshotted again, a loss told to this session). Marked first as well: a
+            # sweep the pool has queued before this release finds the exit no crash either.
+            _letting_go(handle)
             self.deps.pool.release(handle.sandbox_id, after=let_go)
         try:
             # One stage on the loop for the three steps (each was a trip there and back of its own).
@@ -1112,3 +1115,8 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _letting_go(handle: SandboxHandle) -> None:
+    if handle.letting_go is not None:  # a pool's handle (a test's fake has none)
+        handle.letting_go()
