@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -133,9 +134,12 @@ async def call(future: pykka.Future[T] | concurrent.futures.Future[T], timeout: 
             async with asyncio.timeout(timeout):  # shielded: a timeout must not cancel the actor's `Later`
                 return await asyncio.shield(asyncio.wrap_future(future))
         if aio is None:
-            # A future from a non-Aio actor or created off-loop: wait for it in a thread.
+            # A future from a non-Aio actor or created off-loop: wait for it in a thread, which gives
+            # up a moment after this call does (a future never resolved would keep one of the loop's
+            # few executor threads for ever, and with enough of them every `to_thread` of the process).
             loop = asyncio.get_running_loop()
-            return await asyncio.wait_for(loop.run_in_executor(None, future.get), timeout)
+            waiting = loop.run_in_executor(None, functools.partial(future.get, timeout=timeout + 1))
+            return await asyncio.wait_for(waiting, timeout)
         # No shield: the asyncio future is this call's alone, and one cancelled (a timeout) is skipped
         # when the actor answers after all (`AioFuture._resolve`).
         async with asyncio.timeout(timeout):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
+import traceback
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -73,6 +75,24 @@ async def test_dead_actor_is_unavailable(gate: threading.Event) -> None:
     ref.stop()
     with pytest.raises(Unavailable):
         await call(proxy.work(1), 1)
+
+
+async def test_a_plain_future_never_answered_frees_its_waiting_thread_soon_after_the_timeout() -> None:
+    """A future of a non-Aio actor is waited for in one of the loop's executor threads (six on two
+    CPUs): one that is never answered must not keep it, or enough of them stop every `to_thread`."""
+    never: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
+    with pytest.raises(Unavailable):
+        await call(never, 0.2)
+
+    def waiting_in_get() -> int:
+        return sum(1 for frame in sys._current_frames().values()
+                   if any(f.name == "get" and "pykka" in f.filename for f in traceback.extract_stack(frame)))
+
+    for _ in range(40):  # up to 2 s: the thread gives up 1 s after the call did
+        if waiting_in_get() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert waiting_in_get() == 0
 
 
 def test_off_loop_futures_are_plain(gate: threading.Event) -> None:
